@@ -1,0 +1,41 @@
+"""How a fused kernel does its dots: the precision policy, shared by the graph side and the kernels.
+
+In Triton only the reduced-precision modes reach the tensor cores: ``tl.dot(..., input_precision="ieee")``
+on float32 operands runs on the FMA units. So a float32 model gets "tf32" by default (about 10 mantissa
+bits per operand, float32 accumulation), "tf32x3" for near-float32 accuracy on the tensor cores at about a
+third of the speed, or "ieee" for exact float32 FMA. "bf16" and "fp16" cast the operands (weights once, when
+they are packed; activations as they are loaded) and keep a float32 accumulator.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+
+class Precision(str, enum.Enum):
+    TF32 = "tf32"
+    TF32X3 = "tf32x3"
+    IEEE = "ieee"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+    @classmethod
+    def parse(cls, value: str | Precision) -> Precision:
+        """``Precision("tf32")`` with an error that lists the valid names."""
+        try:
+            return cls(value)
+        except ValueError:
+            names = ", ".join(repr(p.value) for p in cls)
+            raise ValueError(f"unknown precision {value!r}; expected one of {names}") from None
+
+    @property
+    def operand_dtype(self) -> torch.dtype | None:
+        """The dtype operands are cast to before the dot, or None to keep the input's dtype."""
+        return {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(self)
+
+    @property
+    def dot_precision(self) -> str:
+        """The ``input_precision`` given to ``tl.dot`` for float32 operands."""
+        return {Precision.TF32: "tf32", Precision.TF32X3: "tf32x3"}.get(self, "ieee")

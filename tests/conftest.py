@@ -1,0 +1,21 @@
+"""Test-wide setup: GPU tests are skipped, with the reason printed (-rs), where there is no CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU: run `pytest -m gpu` on a machine with one")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _seeded() -> None:
+    """Every test draws from a known seed, so a failure reproduces."""
+    torch.manual_seed(0)
