@@ -1,1 +1,24 @@
-"""placeholder"""
+"""fuser.kernels: fused Triton kernels (implicit-GEMM convolution, GEMM, depthwise convolution) with
+their epilogues, and the launchers the graph side calls. No graph code lives here."""
+
+from .autotune import set_cache_dir
+from .conv import conv2d_act, conv2d_supported
+from .epilogue import Activation, Epilogue, Residual
+from .gemm import gemm_act
+from .packing import PackedConvWeight, PackedGemmWeight, pack_conv_weight, pack_gemm_weight
+from .precision import Precision
+
+__all__ = [
+    "Activation",
+    "Epilogue",
+    "PackedConvWeight",
+    "PackedGemmWeight",
+    "Precision",
+    "Residual",
+    "conv2d_act",
+    "conv2d_supported",
+    "gemm_act",
+    "pack_conv_weight",
+    "pack_gemm_weight",
+    "set_cache_dir",
+]

@@ -83,6 +83,9 @@ class Epilogue:
         return " -> ".join(steps)
 
 
+NO_EPILOGUE = Epilogue()  # bias only: the default of the launchers
+
+
 def apply_activation_torch(y: torch.Tensor, act: Activation, alpha: float = 0.0) -> torch.Tensor:
     """The torch reference of :class:`Activation` (out of place)."""
     act = Activation(act)
@@ -169,3 +172,23 @@ def apply_activation(x, alpha, ACT: tl.constexpr):
     elif ACT == 9:
         x = _tanh(x)
     return x
+
+
+@triton.jit
+def apply_epilogue(
+    acc, bias, residual, alpha, scale, ACT: tl.constexpr, RESIDUAL: tl.constexpr, HAS_SCALE: tl.constexpr
+):
+    """The whole epilogue on a float32 tile, in the order of :func:`apply_epilogue_torch`.
+
+    ``bias`` is already broadcast-ready (or the scalar 0.0 when there is none); ``residual`` is a
+    float32 tile of ``acc``'s shape when ``RESIDUAL`` is not :attr:`Residual.NONE` (ignored otherwise).
+    """
+    y = acc + bias
+    if RESIDUAL == 1:
+        y = y + residual
+    y = apply_activation(y, alpha, ACT)
+    if RESIDUAL == 2:
+        y = y + residual
+    if HAS_SCALE:
+        y = y * scale
+    return y

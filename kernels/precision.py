@@ -12,6 +12,8 @@ from __future__ import annotations
 import enum
 
 import torch
+import triton
+import triton.language as tl
 
 
 class Precision(str, enum.Enum):
@@ -39,3 +41,18 @@ class Precision(str, enum.Enum):
     def dot_precision(self) -> str:
         """The ``input_precision`` given to ``tl.dot`` for float32 operands."""
         return {Precision.TF32: "tf32", Precision.TF32X3: "tf32x3"}.get(self, "ieee")
+
+
+@triton.jit
+def dot_acc(a, b, acc, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """``acc + a @ b`` with ``a`` cast to ``b``'s dtype (the packed weight carries the operand dtype).
+
+    ``UPCAST`` is set under the interpreter only: its ``tl.dot`` multiplies bfloat16 values as raw
+    integers, so the operands, already rounded to their dtype, go to float32, where products of
+    16-bit values are exact and the numerics match the tensor cores' float32 accumulation.
+    """
+    a = a.to(b.dtype)
+    if UPCAST:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, acc, input_precision=DOT_PRECISION)

@@ -1,0 +1,449 @@
+"""``conv2d_act``: convolution -> (folded BN) bias -> activation [-> residual] in one kernel.
+
+Implicit GEMM on NHWC: output pixels are the GEMM's M (``N * OH * OW``), output channels its N, and
+the reduction runs over ``K = KH * KW * C_in / groups`` in the packed weight's ``(kh, kw, c)`` order.
+The input patch is gathered straight from the activation as it is loaded (no im2col buffer), with
+masks for padding, image borders and odd channel counts. Two reduction orders:
+
+- channel blocks (C_in / groups >= 16): one loop over (tap, channel block), a tile of contiguous
+  channels per step; the loop is flat so the compiler pipelines loads across taps.
+- flat K (small C_in, the 3-channel stem): K itself is tiled, each element decoding its own
+  (kh, kw, c), so a 3x3x3 patch is one 32-wide step instead of nine 16-wide steps of 3 useful lanes.
+
+Dispatch: depthwise convs go to the direct kernel of depthwise.py, 1x1 stride-1 unpadded convs to the
+plain GEMM of gemm.py, everything else (any stride, padding, dilation, groups) here. Weights can be
+read through a tensor descriptor (TMA) and the output written through one when their rows are
+16-byte aligned and groups == 1; the pointer path takes every other case.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from . import autotune
+from .autotune import TileConfig
+from .depthwise import launch_depthwise
+from .epilogue import NO_EPILOGUE, Epilogue, apply_epilogue
+from .gemm import launch_gemm
+from .launch import (
+    aligned_2d,
+    check_bias,
+    check_device,
+    check_float,
+    check_path,
+    check_residual,
+    descriptors_available,
+    dot_precision,
+    launch,
+    make_descriptor,
+)
+from .packing import PackedConvWeight
+from .precision import dot_acc
+
+# Below this many input channels per group the flat-K order wastes fewer lanes than channel blocks.
+FLAT_K_BELOW = 16
+
+
+@triton.jit
+def _conv2d_act_kernel(
+    # pointers; w_ref and out_ref are tensor descriptors when USE_DESC
+    x_ptr,
+    w_ref,
+    bias_ptr,
+    res_ptr,
+    out_ref,
+    # sizes
+    H,
+    W,
+    C_IN_G,
+    OH,
+    OW,
+    C_OUT_G,
+    M,
+    K_TOTAL,
+    # conv geometry
+    stride_h,
+    stride_w,
+    pad_top,
+    pad_left,
+    dil_h,
+    dil_w,
+    # strides (elements): x as NHWC logical, packed w [C_out, K_pad], residual as NCHW logical
+    sx_n,
+    sx_h,
+    sx_w,
+    sx_c,
+    stride_wn,
+    sr_n,
+    sr_c,
+    sr_h,
+    sr_w,
+    stride_om,
+    # epilogue scalars
+    alpha,
+    scale,
+    # constexprs
+    KH: tl.constexpr,
+    KW: tl.constexpr,
+    FLAT_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    USE_DESC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    group = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(C_OUT_G, BLOCK_N)
+    pids_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // pids_in_group) * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (pid % pids_in_group) % group_size_m
+    pid_n = (pid % pids_in_group) // group_size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < M
+    n_ok = offs_n < C_OUT_G
+    w_row0 = group * C_OUT_G + pid_n * BLOCK_N
+    channels = group * C_OUT_G + offs_n
+
+    # Output pixel -> (image, oh, ow) -> top-left input coordinate of its receptive field.
+    rows = tl.where(m_ok, offs_m, 0)
+    ohw = OH * OW
+    n_idx = rows // ohw
+    oh = (rows % ohw) // OW
+    ow = rows % OW
+    ih0 = oh * stride_h - pad_top
+    iw0 = ow * stride_w - pad_left
+    x_rows = x_ptr + n_idx.to(tl.int64) * sx_n + (group * C_IN_G).to(tl.int64) * sx_c
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if FLAT_K:
+        for k0 in range(0, K_TOTAL, BLOCK_K):
+            k = k0 + offs_k
+            tap = k // C_IN_G
+            c = k - tap * C_IN_G
+            kh = tap // KW
+            kw = tap - kh * KW
+            ih = ih0[:, None] + (kh * dil_h)[None, :]
+            iw = iw0[:, None] + (kw * dil_w)[None, :]
+            ok = m_ok[:, None] & (k < K_TOTAL)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            a_ptrs = x_rows[:, None] + ih.to(tl.int64) * sx_h + iw.to(tl.int64) * sx_w + (c * sx_c)[None, :]
+            a = tl.load(a_ptrs, mask=ok, other=0.0)
+            if USE_DESC:
+                w = w_ref.load([w_row0, k0]).T
+            else:
+                w_ptrs = w_ref + (w_row0 + offs_n)[None, :].to(tl.int64) * stride_wn + k[:, None]
+                w = tl.load(w_ptrs, mask=n_ok[None, :] & (k < K_TOTAL)[:, None], other=0.0)
+            acc = dot_acc(a, w, acc, DOT_PRECISION, UPCAST)
+    else:
+        c_blocks = tl.cdiv(C_IN_G, BLOCK_K)
+        for step in range(0, KH * KW * c_blocks):
+            tap = step // c_blocks
+            c0 = (step - tap * c_blocks) * BLOCK_K
+            kh = tap // KW
+            kw = tap - kh * KW
+            ih = ih0 + kh * dil_h
+            iw = iw0 + kw * dil_w
+            row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            c = c0 + offs_k
+            c_ok = c < C_IN_G
+            pix = ih.to(tl.int64) * sx_h + iw.to(tl.int64) * sx_w
+            a_ptrs = x_rows[:, None] + pix[:, None] + (c * sx_c)[None, :]
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+            k_w = tap * C_IN_G + c0
+            if USE_DESC:
+                # Columns past this tap's channels belong to the next tap; a's zeros cancel them.
+                w = w_ref.load([w_row0, k_w]).T
+            else:
+                w_ptrs = w_ref + (w_row0 + offs_n)[None, :].to(tl.int64) * stride_wn + (k_w + offs_k)[:, None]
+                w = tl.load(w_ptrs, mask=n_ok[None, :] & c_ok[:, None], other=0.0)
+            acc = dot_acc(a, w, acc, DOT_PRECISION, UPCAST)
+
+    if HAS_BIAS:  # noqa: SIM108  (a constexpr branch: only one side is compiled)
+        bias = tl.load(bias_ptr + channels, mask=n_ok, other=0.0)[None, :]
+    else:
+        bias = 0.0
+    if RESIDUAL != 0:
+        r_rows = n_idx.to(tl.int64) * sr_n + oh.to(tl.int64) * sr_h + ow.to(tl.int64) * sr_w
+        res_ptrs = res_ptr + r_rows[:, None] + channels[None, :].to(tl.int64) * sr_c
+        res = tl.load(res_ptrs, mask=m_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+    else:
+        res = 0.0
+    y = apply_epilogue(acc, bias, res, alpha, scale, ACT, RESIDUAL, HAS_SCALE)
+
+    if USE_DESC:
+        out_ref.store([pid_m * BLOCK_M, pid_n * BLOCK_N], y.to(out_ref.dtype))
+    else:
+        out_ptrs = out_ref + offs_m[:, None].to(tl.int64) * stride_om + channels[None, :]
+        tl.store(out_ptrs, y.to(out_ref.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def conv2d_supported(in_channels: int, out_channels: int, groups: int) -> bool:
+    """Whether :func:`conv2d_act` takes this convolution (False: the caller keeps the torch reference).
+
+    Every grouping whose groups divide both channel counts is supported: depthwise by the direct
+    kernel, any other grouping by the implicit GEMM with one grid row per group.
+    """
+    return groups >= 1 and in_channels % groups == 0 and out_channels % groups == 0 and in_channels > 0
+
+
+def _pair(op: str, name: str, value: int | Sequence[int]) -> tuple[int, int]:
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) != 2 or any(not isinstance(v, int) or v < 1 for v in pair):
+        raise ValueError(f"{op}: {name} must be a positive int or a pair of them, got {value!r}")
+    return pair  # type: ignore[return-value]
+
+
+def _padding4(op: str, padding: int | Sequence[int]) -> tuple[int, int, int, int]:
+    if isinstance(padding, int):
+        padding = (padding,) * 4
+    padding = tuple(padding)
+    if len(padding) == 2:
+        padding = (padding[0], padding[0], padding[1], padding[1])
+    if len(padding) != 4 or any(not isinstance(p, int) or p < 0 for p in padding):
+        raise ValueError(
+            f"{op}: padding must be (top, bottom, left, right), (pad_h, pad_w) or an int >= 0, "
+            f"got {padding!r}"
+        )
+    return padding  # type: ignore[return-value]
+
+
+def conv_candidates(
+    c_in_g: int, c_out_g: int, k_total: int, operand_bytes: int, flat_k: bool
+) -> list[TileConfig]:
+    """Tile configs worth measuring for one convolution (first = default)."""
+    bn = min(128, max(16, triton.next_power_of_2(c_out_g)))
+    if flat_k:
+        bk = min(64, max(16, triton.next_power_of_2(k_total)))
+        return [
+            TileConfig(128, bn, bk, 8, 4, 3),
+            TileConfig(256, bn, bk, 8, 8, 3),
+            TileConfig(64, bn, bk, 8, 4, 3),
+            TileConfig(128, bn, bk, 8, 8, 2),
+        ]
+    bk = min(64 if operand_bytes == 2 else 32, max(16, triton.next_power_of_2(c_in_g)))
+    candidates = [
+        TileConfig(128, bn, bk, 8, 4, 4),
+        TileConfig(128, bn, bk, 8, 8, 3),
+        TileConfig(64, bn, bk, 8, 4, 4),
+        TileConfig(256, min(bn, 64), bk, 8, 8, 3),
+    ]
+    if bn == 128:
+        candidates.append(TileConfig(128, 64, bk, 8, 4, 4))
+    return candidates
+
+
+# Under the interpreter every op costs Python overhead per program: large M tiles, few programs.
+INTERPRET_CONFIG = TileConfig(128, 32, 32, 2, 4, 1)
+INTERPRET_CONFIG_NARROW = TileConfig(128, 32, 16, 2, 4, 1)
+
+
+def conv2d_act(
+    x: torch.Tensor,
+    weight: PackedConvWeight,
+    bias: torch.Tensor | None = None,
+    *,
+    stride: int | Sequence[int] = (1, 1),
+    padding: int | Sequence[int] = (0, 0, 0, 0),
+    dilation: int | Sequence[int] = (1, 1),
+    epilogue: Epilogue = NO_EPILOGUE,
+    residual: torch.Tensor | None = None,
+    interpret: bool = False,
+    path: str = "auto",
+) -> torch.Tensor:
+    """``epilogue(conv2d(x, W) + bias)`` in one kernel; returns ``[N, C_out, OH, OW]``, channels_last.
+
+    ``x`` is ``[N, C_in, H, W]`` with any strides (NCHW or channels_last; channels_last reads fastest)
+    in float32, float16 or bfloat16; the output has ``x``'s dtype. ``padding`` is
+    ``(top, bottom, left, right)`` so asymmetric ("same", ONNX) padding needs no extra pad op.
+    ``residual`` broadcasts to the output. The precision comes with the packed weight.
+    ``interpret=True`` runs the same kernels in Triton's interpreter on CPU tensors. ``path`` forces
+    the tensor-descriptor or the pointer path (tests).
+    """
+    op = "conv2d_act"
+    if not isinstance(weight, PackedConvWeight):
+        raise TypeError(f"{op}: weight must be a PackedConvWeight (see pack_conv_weight), got {type(weight)}")
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{op}: x must be a 4-D [N, C, H, W] tensor, got {shape}")
+    check_float(op, "x", x)
+    check_path(op, path)
+    stride = _pair(op, "stride", stride)
+    dilation = _pair(op, "dilation", dilation)
+    padding = _padding4(op, padding)
+    n, c_in, h, w = x.shape
+    if c_in != weight.in_channels:
+        raise ValueError(
+            f"{op}: x has {c_in} channels (shape {tuple(x.shape)}) but the packed weight expects "
+            f"C_in={weight.in_channels}"
+        )
+    kh, kw = weight.kernel_size
+    c_out, groups = weight.out_channels, weight.groups
+    oh = (h + padding[0] + padding[1] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (w + padding[2] + padding[3] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    if oh < 1 or ow < 1:
+        raise ValueError(
+            f"{op}: a {kh}x{kw} kernel (dilation {dilation}, padding {padding}) does not fit the "
+            f"{h}x{w} input: output would be {oh}x{ow}"
+        )
+    device = check_device(op, interpret, {"x": x, "weight": weight.data, "bias": bias, "residual": residual})
+    bias32 = check_bias(op, bias, c_out)
+    res4 = check_residual(op, epilogue, residual, (n, c_out, oh, ow))
+    out_nhwc = torch.empty((n, oh, ow, c_out), dtype=x.dtype, device=device)
+    out = out_nhwc.permute(0, 3, 1, 2)
+    if out.numel() == 0:
+        return out
+    precision = weight.precision
+
+    if weight.depthwise:
+        launch_depthwise(
+            x,
+            weight.data,
+            (kh, kw),
+            bias32,
+            epilogue,
+            res4,
+            out_nhwc,
+            stride,
+            padding,
+            dilation,
+            interpret,
+            precision.value,
+        )
+        return out
+    if kh == kw == 1 and stride == (1, 1) and padding == (0, 0, 0, 0) and groups == 1:
+        a3 = x.permute(0, 2, 3, 1).reshape(n, h * w, c_in)
+        res3 = None if res4 is None else res4.permute(0, 2, 3, 1).reshape(n, h * w, c_out)
+        launch_gemm(
+            op,
+            a3,
+            weight.data,
+            c_out,
+            precision,
+            bias32,
+            epilogue,
+            res3,
+            out_nhwc.view(n * h * w, c_out),
+            interpret,
+            path,
+        )
+        return out
+
+    c_in_g, c_out_g = c_in // groups, c_out // groups
+    m = n * oh * ow
+    k_total = weight.k_total
+    flat_k = c_in_g < FLAT_K_BELOW
+    w_data = weight.data
+    out2 = out_nhwc.view(m, c_out)
+    elem = w_data.element_size()
+    can_desc = (
+        descriptors_available(device)
+        and groups == 1
+        and aligned_2d(w_data)
+        and aligned_2d(out2)
+        and (flat_k or (c_in_g * elem) % 16 == 0)
+    )
+    if path == "descriptor" and not can_desc:
+        raise ValueError(
+            f"{op}: the descriptor path needs groups == 1, 16-byte aligned output rows (C_out={c_out}, "
+            f"{x.dtype}), C_in={c_in} aligned to 16 bytes in {w_data.dtype} (or C_in < {FLAT_K_BELOW}), "
+            "and a GPU with TMA"
+        )
+    use_desc = can_desc and path != "pointer"
+    res_strides = res4.stride() if res4 is not None else (0, 0, 0, 0)
+    constexprs = {
+        "KH": kh,
+        "KW": kw,
+        "FLAT_K": flat_k,
+        "HAS_BIAS": bias32 is not None,
+        "ACT": int(epilogue.act),
+        "RESIDUAL": int(epilogue.residual),
+        "HAS_SCALE": epilogue.scale != 1.0,
+        "DOT_PRECISION": dot_precision(precision, w_data.dtype),
+        "UPCAST": interpret,
+        "USE_DESC": use_desc,
+    }
+
+    def run(config: TileConfig) -> None:
+        if use_desc:
+            w_ref = make_descriptor(w_data, [config.block_n, config.block_k])
+            out_ref = make_descriptor(out2, [config.block_m, config.block_n])
+        else:
+            w_ref, out_ref = w_data, out2
+        grid = (triton.cdiv(m, config.block_m) * triton.cdiv(c_out_g, config.block_n), groups)
+        launch(
+            _conv2d_act_kernel,
+            grid,
+            (
+                x,
+                w_ref,
+                bias32,
+                res4,
+                out_ref,
+                h,
+                w,
+                c_in_g,
+                oh,
+                ow,
+                c_out_g,
+                m,
+                k_total,
+                stride[0],
+                stride[1],
+                padding[0],
+                padding[2],
+                dilation[0],
+                dilation[1],
+                x.stride(0),
+                x.stride(2),
+                x.stride(3),
+                x.stride(1),
+                w_data.stride(0),
+                *res_strides,
+                out2.stride(0),
+                float(epilogue.alpha),
+                float(epilogue.scale),
+            ),
+            constexprs,
+            config,
+            interpret,
+        )
+
+    if interpret:
+        config = INTERPRET_CONFIG if flat_k or c_in_g > 16 else INTERPRET_CONFIG_NARROW
+    else:
+        key = {
+            "x": [n, c_in, h, w],
+            "x_strides": list(x.stride()),
+            "c_out": c_out,
+            "kernel": [kh, kw],
+            "stride": list(stride),
+            "padding": list(padding),
+            "dilation": list(dilation),
+            "groups": groups,
+            "x_dtype": str(x.dtype),
+            "precision": precision.value,
+            "descriptor": use_desc,
+            "gpu": torch.cuda.get_device_name(device),
+            "triton": triton.__version__,
+        }
+        candidates = conv_candidates(c_in_g, c_out_g, k_total, elem, flat_k)
+        config = autotune.choose(
+            "conv2d_act", key, candidates, lambda cfg: autotune.do_bench_ms(lambda: run(cfg))
+        )
+    run(config)
+    return out

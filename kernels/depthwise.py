@@ -1,0 +1,209 @@
+"""Depthwise convolution (``groups == C_in == C_out``) as a direct kernel with the fused epilogue.
+
+A depthwise conv does KH*KW multiply-adds per output value: it is memory-bound, and forcing it
+through a GEMM would waste the tensor cores on a 1-wide reduction. Each program computes a tile of
+output pixels x channels on NHWC data; channels are contiguous, so every tap is one vector load per
+pixel row, and the KH*KW taps of neighbouring pixels hit the same cache lines.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import autotune
+from .autotune import TileConfig
+from .epilogue import Epilogue, apply_epilogue
+from .launch import launch
+
+
+@triton.jit
+def _depthwise_act_kernel(
+    # pointers
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    res_ptr,
+    out_ptr,
+    # sizes
+    H,
+    W,
+    C,
+    OH,
+    OW,
+    M,
+    # conv geometry
+    stride_h,
+    stride_w,
+    pad_top,
+    pad_left,
+    dil_h,
+    dil_w,
+    # strides (elements); w is [KH * KW, C], out is [M, C] with row stride stride_om
+    sx_n,
+    sx_h,
+    sx_w,
+    sx_c,
+    sr_n,
+    sr_c,
+    sr_h,
+    sr_w,
+    stride_om,
+    # epilogue scalars
+    alpha,
+    scale,
+    # constexprs
+    KH: tl.constexpr,
+    KW: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_c = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < M
+    c_ok = offs_c < C
+    rows = tl.where(m_ok, offs_m, 0)
+    ohw = OH * OW
+    n_idx = rows // ohw
+    oh = (rows % ohw) // OW
+    ow = rows % OW
+    ih0 = oh * stride_h - pad_top
+    iw0 = ow * stride_w - pad_left
+    x_rows = x_ptr + n_idx.to(tl.int64) * sx_n
+    c_off = offs_c.to(tl.int64) * sx_c
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kh in tl.static_range(KH):
+        ih = ih0 + kh * dil_h
+        h_ok = m_ok & (ih >= 0) & (ih < H)
+        for kw in tl.static_range(KW):
+            iw = iw0 + kw * dil_w
+            ok = h_ok & (iw >= 0) & (iw < W)
+            pix = ih.to(tl.int64) * sx_h + iw.to(tl.int64) * sx_w
+            w = tl.load(w_ptr + (kh * KW + kw) * C + offs_c, mask=c_ok, other=0.0)
+            x_ptrs = x_rows[:, None] + pix[:, None] + c_off[None, :]
+            x = tl.load(x_ptrs, mask=ok[:, None] & c_ok[None, :], other=0.0)
+            # Round the activation to the weights' (operand) dtype first, as the GEMM kernels do.
+            acc += x.to(w.dtype).to(tl.float32) * w.to(tl.float32)[None, :]
+
+    if HAS_BIAS:  # noqa: SIM108  (a constexpr branch: only one side is compiled)
+        bias = tl.load(bias_ptr + offs_c, mask=c_ok, other=0.0)[None, :]
+    else:
+        bias = 0.0
+    if RESIDUAL != 0:
+        r_rows = n_idx.to(tl.int64) * sr_n + oh.to(tl.int64) * sr_h + ow.to(tl.int64) * sr_w
+        res = tl.load(
+            res_ptr + r_rows[:, None] + offs_c[None, :].to(tl.int64) * sr_c,
+            mask=m_ok[:, None] & c_ok[None, :],
+            other=0.0,
+        ).to(tl.float32)
+    else:
+        res = 0.0
+    y = apply_epilogue(acc, bias, res, alpha, scale, ACT, RESIDUAL, HAS_SCALE)
+    out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_c[None, :]
+    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & c_ok[None, :])
+
+
+INTERPRET_CONFIG = TileConfig(128, 32, 1, 1, 4, 1)
+
+
+def depthwise_candidates(channels: int) -> list[TileConfig]:
+    """Tiles of (pixels, channels) worth measuring (first = default)."""
+    bc = min(64, max(16, triton.next_power_of_2(channels)))
+    return [
+        TileConfig(64, bc, 1, 1, 4, 1),
+        TileConfig(128, bc, 1, 1, 4, 1),
+        TileConfig(32, 2 * bc, 1, 1, 4, 1),
+        TileConfig(128, 2 * bc, 1, 1, 8, 1),
+    ]
+
+
+def launch_depthwise(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    kernel_size: tuple[int, int],
+    bias32: torch.Tensor | None,
+    epilogue: Epilogue,
+    res4: torch.Tensor | None,
+    out: torch.Tensor,
+    stride: tuple[int, int],
+    padding: tuple[int, int, int, int],
+    dilation: tuple[int, int],
+    interpret: bool,
+    precision_name: str,
+) -> None:
+    """Run the depthwise kernel on checked inputs; ``out`` is ``[N, OH, OW, C]`` contiguous (NHWC)."""
+    n, c, h, wd = x.shape
+    _, oh, ow, _ = out.shape
+    m = n * oh * ow
+    res_strides = res4.stride() if res4 is not None else (0, 0, 0, 0)
+    constexprs = {
+        "KH": kernel_size[0],
+        "KW": kernel_size[1],
+        "HAS_BIAS": bias32 is not None,
+        "ACT": int(epilogue.act),
+        "RESIDUAL": int(epilogue.residual),
+        "HAS_SCALE": epilogue.scale != 1.0,
+    }
+
+    def run(config: TileConfig) -> None:
+        grid = (triton.cdiv(m, config.block_m), triton.cdiv(c, config.block_n))
+        launch(
+            _depthwise_act_kernel,
+            grid,
+            (
+                x,
+                w,
+                bias32,
+                res4,
+                out,
+                h,
+                wd,
+                c,
+                oh,
+                ow,
+                m,
+                stride[0],
+                stride[1],
+                padding[0],
+                padding[2],
+                dilation[0],
+                dilation[1],
+                x.stride(0),
+                x.stride(2),
+                x.stride(3),
+                x.stride(1),
+                *res_strides,
+                c,
+                float(epilogue.alpha),
+                float(epilogue.scale),
+            ),
+            constexprs,
+            config,
+            interpret,
+        )
+
+    if interpret:
+        config = INTERPRET_CONFIG
+    else:
+        key = {
+            "x": [n, c, h, wd],
+            "x_strides": list(x.stride()),
+            "kernel": list(kernel_size),
+            "stride": list(stride),
+            "padding": list(padding),
+            "dilation": list(dilation),
+            "x_dtype": str(x.dtype),
+            "precision": precision_name,
+            "gpu": torch.cuda.get_device_name(x.device),
+            "triton": triton.__version__,
+        }
+        config = autotune.choose(
+            "depthwise_act", key, depthwise_candidates(c), lambda cfg: autotune.do_bench_ms(lambda: run(cfg))
+        )
+    run(config)

@@ -1,0 +1,301 @@
+"""``gemm_act``: C = epilogue(A @ W^T + bias) in one kernel, the epilogue applied before the single store.
+
+A is ``[M, K]`` or batched ``[B, S, K]`` with any strides (rows are addressed as ``(m // S, m % S)``,
+so a permuted or sliced activation needs no copy). W is packed ``[N, K_pad]`` (see packing.py). Two
+ways to move tiles, picked per call: tensor descriptors (TMA on Hopper) when A, W and C are 2-D
+addressable with 16-byte aligned rows, else plain masked pointer loads, which take any shape.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import autotune
+from .autotune import TileConfig
+from .epilogue import NO_EPILOGUE, Epilogue, apply_epilogue
+from .launch import (
+    aligned_2d,
+    check_bias,
+    check_device,
+    check_float,
+    check_path,
+    check_residual,
+    descriptors_available,
+    dot_precision,
+    launch,
+    make_descriptor,
+)
+from .packing import PackedGemmWeight
+from .precision import Precision, dot_acc
+
+
+@triton.jit
+def _gemm_act_kernel(
+    # pointers, or tensor descriptors when USE_DESC (a, w, c)
+    a_ref,
+    w_ref,
+    bias_ptr,
+    res_ptr,
+    c_ref,
+    # sizes
+    M,
+    N,
+    K,
+    M_INNER,
+    # strides (elements)
+    stride_ab,
+    stride_am,
+    stride_ak,
+    stride_wn,
+    stride_rb,
+    stride_rm,
+    stride_rn,
+    stride_cm,
+    # epilogue scalars
+    alpha,
+    scale,
+    # constexprs
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    USE_DESC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    # Grouped ordering of the output tiles: GROUP_M row-tiles share each W column-tile in L2.
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pids_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // pids_in_group) * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (pid % pids_in_group) % group_size_m
+    pid_n = (pid % pids_in_group) // group_size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+    if USE_DESC:
+        for k0 in range(0, K, BLOCK_K):
+            a = a_ref.load([pid_m * BLOCK_M, k0])
+            w = w_ref.load([pid_n * BLOCK_N, k0])
+            acc = dot_acc(a, w.T, acc, DOT_PRECISION, UPCAST)
+    else:
+        rows = tl.where(m_ok, offs_m, 0)
+        a_rows = (rows // M_INNER).to(tl.int64) * stride_ab + (rows % M_INNER).to(tl.int64) * stride_am
+        a_ptrs = a_ref + a_rows[:, None] + offs_k[None, :] * stride_ak
+        w_ptrs = w_ref + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+        for k0 in range(0, K, BLOCK_K):
+            k_ok = offs_k < K - k0
+            a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+            acc = dot_acc(a, w, acc, DOT_PRECISION, UPCAST)
+            a_ptrs += BLOCK_K * stride_ak
+            w_ptrs += BLOCK_K
+
+    if HAS_BIAS:  # noqa: SIM108  (a constexpr branch: only one side is compiled)
+        bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+    else:
+        bias = 0.0
+    if RESIDUAL != 0:
+        rows = tl.where(m_ok, offs_m, 0)
+        r_rows = (rows // M_INNER).to(tl.int64) * stride_rb + (rows % M_INNER).to(tl.int64) * stride_rm
+        res_ptrs = res_ptr + r_rows[:, None] + offs_n[None, :].to(tl.int64) * stride_rn
+        res = tl.load(res_ptrs, mask=m_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+    else:
+        res = 0.0
+    y = apply_epilogue(acc, bias, res, alpha, scale, ACT, RESIDUAL, HAS_SCALE)
+
+    if USE_DESC:
+        c_ref.store([pid_m * BLOCK_M, pid_n * BLOCK_N], y.to(c_ref.dtype))
+    else:
+        c_ptrs = c_ref + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :]
+        tl.store(c_ptrs, y.to(c_ref.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+INTERPRET_CONFIG = TileConfig(32, 32, 32, group_m=2, num_warps=4, num_stages=1)
+
+
+def gemm_candidates(m: int, n: int, k: int, operand_bytes: int) -> list[TileConfig]:
+    """The short list of tile configs worth measuring for an ``m x k x n`` problem (first = default)."""
+    bk = 64 if operand_bytes == 2 else 32
+    if m <= 32:
+        bm = 16 if m <= 16 else 32
+        return [
+            TileConfig(bm, 64, 2 * bk, 1, 4, 4),
+            TileConfig(bm, 128, 2 * bk, 1, 4, 3),
+            TileConfig(bm, 32, 4 * bk, 1, 4, 3),
+            TileConfig(bm, 128, bk, 1, 4, 5),
+        ]
+    if m * n <= 512 * 4096:
+        return [
+            TileConfig(64, 64, bk, 8, 4, 4),
+            TileConfig(64, 128, bk, 8, 4, 4),
+            TileConfig(128, 64, bk, 8, 4, 4),
+            TileConfig(32, 64, 2 * bk, 8, 4, 4),
+        ]
+    return [
+        TileConfig(128, 256, bk, 8, 8, 3),
+        TileConfig(128, 128, bk, 8, 8, 4),
+        TileConfig(128, 128, bk, 8, 4, 4),
+        TileConfig(256, 128, bk, 8, 8, 3),
+        TileConfig(128, 256, 2 * bk, 8, 8, 2),
+    ]
+
+
+def _as_rows(t: torch.Tensor) -> torch.Tensor | None:
+    """``[B, S, X]`` as a 2-D ``[B * S, X]`` view, or None when the strides do not allow one."""
+    b, s, x = t.shape
+    if b == 1 or t.stride(0) == s * t.stride(1):
+        return t.as_strided((b * s, x), (t.stride(1), t.stride(2)))
+    return None
+
+
+def launch_gemm(
+    op: str,
+    a3: torch.Tensor,
+    w: torch.Tensor,
+    n: int,
+    precision: Precision,
+    bias32: torch.Tensor | None,
+    epilogue: Epilogue,
+    res3: torch.Tensor | None,
+    out2: torch.Tensor,
+    interpret: bool,
+    path: str,
+) -> None:
+    """Run the GEMM kernel on checked inputs: ``a3 [B, S, K]`` (any strides), ``w [N, K_pad]``,
+    ``res3 [B, S, N]`` (any strides, None without a residual) into the contiguous ``out2 [B * S, N]``."""
+    b, s, k = a3.shape
+    m = b * s
+    a2 = _as_rows(a3)
+    can_desc = (
+        descriptors_available(out2.device)
+        and a2 is not None
+        and aligned_2d(a2)
+        and aligned_2d(w)
+        and aligned_2d(out2)
+    )
+    if path == "descriptor" and not can_desc:
+        raise ValueError(
+            f"{op}: the descriptor path needs 16-byte aligned rows for A {tuple(a3.shape)} "
+            f"(strides {a3.stride()}), W and C [{m}, {n}] ({a3.dtype}), and a GPU with TMA"
+        )
+    use_desc = can_desc and path != "pointer"
+    res_strides = res3.stride() if res3 is not None else (0, 0, 0)
+    constexprs = {
+        "HAS_BIAS": bias32 is not None,
+        "ACT": int(epilogue.act),
+        "RESIDUAL": int(epilogue.residual),
+        "HAS_SCALE": epilogue.scale != 1.0,
+        "DOT_PRECISION": dot_precision(precision, w.dtype),
+        "UPCAST": interpret,
+        "USE_DESC": use_desc,
+    }
+
+    def run(config: TileConfig) -> None:
+        if use_desc:
+            a_ref = make_descriptor(a2, [config.block_m, config.block_k])
+            w_ref = make_descriptor(w, [config.block_n, config.block_k])
+            c_ref = make_descriptor(out2, [config.block_m, config.block_n])
+        else:
+            a_ref, w_ref, c_ref = a3, w, out2
+        grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n),)
+        launch(
+            _gemm_act_kernel,
+            grid,
+            (
+                a_ref,
+                w_ref,
+                bias32,
+                res3,
+                c_ref,
+                m,
+                n,
+                k,
+                s,
+                a3.stride(0),
+                a3.stride(1),
+                a3.stride(2),
+                w.stride(0),
+                *res_strides,
+                out2.stride(0),
+                float(epilogue.alpha),
+                float(epilogue.scale),
+            ),
+            constexprs,
+            config,
+            interpret,
+        )
+
+    if interpret:
+        config = INTERPRET_CONFIG
+    else:
+        key = {
+            "m_bucket": triton.next_power_of_2(m),
+            "n": n,
+            "k": k,
+            "a_dtype": str(a3.dtype),
+            "w_dtype": str(w.dtype),
+            "precision": precision.value,
+            "descriptor": use_desc,
+            "gpu": torch.cuda.get_device_name(out2.device),
+            "triton": triton.__version__,
+        }
+        candidates = gemm_candidates(m, n, k, w.element_size())
+        config = autotune.choose("gemm_act", key, candidates, lambda c: autotune.do_bench_ms(lambda: run(c)))
+    run(config)
+
+
+def gemm_act(
+    a: torch.Tensor,
+    weight: PackedGemmWeight,
+    bias: torch.Tensor | None = None,
+    *,
+    epilogue: Epilogue = NO_EPILOGUE,
+    residual: torch.Tensor | None = None,
+    interpret: bool = False,
+    path: str = "auto",
+) -> torch.Tensor:
+    """``epilogue(a @ W^T + bias)`` for ``a`` of shape ``[..., K]`` (2-D or 3-D, any strides).
+
+    The dot runs in ``weight.precision`` (activations are cast to its operand dtype as they are
+    loaded, accumulation is float32); the result has ``a``'s dtype and shape ``[..., N]``.
+    ``residual`` broadcasts to the output. ``interpret=True`` runs the same kernel in Triton's
+    interpreter on CPU tensors. ``path`` forces the tensor-descriptor or the pointer path (tests).
+    """
+    op = "gemm_act"
+    if not isinstance(weight, PackedGemmWeight):
+        raise TypeError(f"{op}: weight must be a PackedGemmWeight (see pack_gemm_weight), got {type(weight)}")
+    if not isinstance(a, torch.Tensor) or a.dim() not in (2, 3):
+        shape = tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__
+        raise ValueError(f"{op}: a must be a 2-D [M, K] or 3-D [B, S, K] tensor, got {shape}")
+    check_float(op, "a", a)
+    check_path(op, path)
+    n, k = weight.out_features, weight.in_features
+    if a.shape[-1] != k:
+        raise ValueError(f"{op}: a has K={a.shape[-1]} (shape {tuple(a.shape)}) but the weight expects K={k}")
+    device = check_device(op, interpret, {"a": a, "weight": weight.data, "bias": bias, "residual": residual})
+    bias32 = check_bias(op, bias, n)
+    out_shape = (*a.shape[:-1], n)
+    res = check_residual(op, epilogue, residual, out_shape)
+    out = torch.empty(out_shape, dtype=a.dtype, device=device)
+    if out.numel() == 0:
+        return out
+    a3 = a if a.dim() == 3 else a.unsqueeze(0)
+    res3 = None if res is None else (res if res.dim() == 3 else res.unsqueeze(0))
+    launch_gemm(
+        op, a3, weight.data, n, weight.precision, bias32, epilogue, res3, out.view(-1, n), interpret, path
+    )
+    return out

@@ -1,0 +1,146 @@
+"""What every launcher shares: input checks with clear errors, the compiled/interpreted launch switch,
+and the choice between the tensor-descriptor (TMA) path and the pointer path."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from triton.runtime.jit import JITFunction
+
+from .autotune import TileConfig
+from .epilogue import Epilogue, Residual
+from .interpret import run_interpreted
+from .precision import Precision
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_device(op: str, interpret: bool, tensors: dict[str, torch.Tensor | None]) -> torch.device:
+    """All tensors on one device, CPU under ``interpret=True`` and CUDA otherwise; returns it."""
+    device: torch.device | None = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if interpret and t.device.type != "cpu":
+            raise ValueError(f"{op}: interpret=True runs on the CPU, but {name} is on {t.device}")
+        if not interpret and t.device.type != "cuda":
+            raise ValueError(
+                f"{op}: compiled Triton kernels need CUDA tensors, but {name} is on {t.device} "
+                "(use interpret=True for CPU tensors)"
+            )
+        if device is None:
+            device = t.device
+        elif t.device != device:
+            raise ValueError(f"{op}: {name} is on {t.device}, other inputs on {device}")
+    assert device is not None
+    return device
+
+
+def check_float(op: str, name: str, t: torch.Tensor) -> None:
+    if t.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{op}: {name} must be float32, float16 or bfloat16, got {t.dtype}")
+
+
+def check_bias(op: str, bias: torch.Tensor | None, channels: int) -> torch.Tensor | None:
+    """The bias as a contiguous float32 vector (the epilogue adds it in float32)."""
+    if bias is None:
+        return None
+    if bias.dim() != 1 or bias.shape[0] != channels:
+        raise ValueError(f"{op}: bias must have shape ({channels},), got {tuple(bias.shape)}")
+    if not bias.is_floating_point():
+        raise ValueError(f"{op}: bias must be floating point, got {bias.dtype}")
+    return bias.to(torch.float32).contiguous()
+
+
+def check_residual(
+    op: str, epilogue: Epilogue, residual: torch.Tensor | None, out_shape: Sequence[int]
+) -> torch.Tensor | None:
+    """The residual expanded (stride 0 where broadcast) to the output's logical shape."""
+    if (residual is None) != (epilogue.residual == Residual.NONE):
+        raise ValueError(
+            f"{op}: epilogue {epilogue.describe()!r} "
+            + ("needs a residual tensor" if residual is None else "has no residual step, but got a residual")
+        )
+    if residual is None:
+        return None
+    if not residual.is_floating_point():
+        raise ValueError(f"{op}: residual must be floating point, got {residual.dtype}")
+    try:
+        return residual.expand(*out_shape)
+    except RuntimeError:
+        raise ValueError(
+            f"{op}: residual of shape {tuple(residual.shape)} does not broadcast to the output shape "
+            f"{tuple(out_shape)}"
+        ) from None
+
+
+def dot_precision(precision: Precision, operand: torch.dtype) -> str:
+    """``input_precision`` for ``tl.dot``: the policy's for float32 operands; 16-bit ones ignore it."""
+    return precision.dot_precision if operand == torch.float32 else "tf32"
+
+
+@functools.cache
+def _descriptors_on(device_index: int) -> bool:
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def descriptors_available(device: torch.device) -> bool:
+    """Whether host-side tensor descriptors (TMA, Hopper and later) can be used on ``device``.
+
+    The interpreter understands them too, so CPU tests cover the descriptor path's indexing.
+    """
+    if device.type == "cpu":
+        try:
+            from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+        except ImportError:
+            return False
+        return True
+    return _descriptors_on(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def aligned_2d(t: torch.Tensor) -> bool:
+    """A 2-D tensor a descriptor can address: unit inner stride, 16-byte aligned base and row stride."""
+    size = t.element_size()
+    return (
+        t.dim() == 2
+        and t.stride(1) == 1
+        and (t.stride(0) * size) % 16 == 0
+        and t.data_ptr() % 16 == 0
+        and t.shape[0] > 0
+        and t.shape[1] > 0
+    )
+
+
+def make_descriptor(t: torch.Tensor, block_shape: Sequence[int]) -> Any:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block_shape))
+
+
+def check_path(op: str, path: str) -> None:
+    if path not in ("auto", "descriptor", "pointer"):
+        raise ValueError(f"{op}: path must be 'auto', 'descriptor' or 'pointer', got {path!r}")
+
+
+def launch(
+    kernel: JITFunction,
+    grid: tuple[int, ...],
+    args: Sequence[Any],
+    constexprs: dict[str, Any],
+    config: TileConfig,
+    interpret: bool,
+) -> None:
+    """Launch compiled, or run the same kernel in the interpreter."""
+    tile = {name: value for name, value in config.constexprs().items() if name in kernel.arg_names}
+    kwargs = {**constexprs, **tile}
+    if interpret:
+        run_interpreted(kernel, grid, *args, **kwargs)
+    else:
+        kernel[grid](*args, **kwargs, num_warps=config.num_warps, num_stages=config.num_stages)

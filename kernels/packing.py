@@ -1,0 +1,176 @@
+"""Weights packed once, at optimize time, in the layout and dtype the fused kernels read.
+
+GEMM layout (convolutions and linear layers): ``[C_out, K_pad]`` with ``K = KH * KW * C_in / groups``
+ordered ``(kh, kw, c)`` and contiguous, zero-padded to a multiple of 16 elements. The padding makes
+every row start 16-byte aligned, which tensor descriptors (TMA) require, and the zeros add nothing to
+a dot. Depthwise layout (``groups == C_in == C_out > 1``): ``[KH * KW, C]``, channels contiguous, so a
+tile of channels at one tap is one vector load.
+
+The operand dtype comes from the precision: bf16 / fp16 cast here, once; tf32, tf32x3 and ieee keep
+float32 (those are ways of doing a float32 dot). The cast is rounded from the float32 value.
+
+Both dataclasses can be rebuilt from ``(data tensor, ints, precision string)`` with ``from_parts``, so
+the graph side can pass them through a ``torch.library`` custom op, whose schema holds only tensors
+and scalars.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .precision import Precision
+
+K_ALIGN = 16  # elements: 64 bytes in float32, 32 bytes in 16-bit, both multiples of TMA's 16
+
+
+def operand_dtype(precision: Precision) -> torch.dtype:
+    """The dtype a dot's operands have under ``precision``."""
+    return precision.operand_dtype or torch.float32
+
+
+def padded_k(k: int) -> int:
+    """``k`` rounded up to the packing alignment."""
+    return -(-k // K_ALIGN) * K_ALIGN
+
+
+def is_depthwise(in_channels: int, out_channels: int, groups: int) -> bool:
+    """True for convolutions that take the direct depthwise kernel."""
+    return groups > 1 and groups == in_channels == out_channels
+
+
+@dataclass(frozen=True)
+class PackedConvWeight:
+    """A convolution weight packed for :func:`fuser.kernels.conv2d_act`.
+
+    ``data`` is ``[C_out, K_pad]`` (GEMM layout) or ``[KH * KW, C]`` (depthwise layout, see the module
+    docstring), in the precision's operand dtype.
+    """
+
+    data: torch.Tensor
+    out_channels: int
+    in_channels: int
+    kernel_size: tuple[int, int]
+    groups: int
+    precision: Precision
+
+    @property
+    def depthwise(self) -> bool:
+        return is_depthwise(self.in_channels, self.out_channels, self.groups)
+
+    @property
+    def k_total(self) -> int:
+        """The GEMM reduction length ``KH * KW * C_in / groups`` (before padding)."""
+        return self.kernel_size[0] * self.kernel_size[1] * (self.in_channels // self.groups)
+
+    @classmethod
+    def from_parts(
+        cls,
+        data: torch.Tensor,
+        out_channels: int,
+        in_channels: int,
+        kernel_h: int,
+        kernel_w: int,
+        groups: int,
+        precision: Precision | str,
+    ) -> PackedConvWeight:
+        """Rebuild from plain values (what a custom op's schema can carry), checking they agree."""
+        packed = cls(
+            data,
+            int(out_channels),
+            int(in_channels),
+            (int(kernel_h), int(kernel_w)),
+            int(groups),
+            Precision.parse(precision),
+        )
+        packed._check()
+        return packed
+
+    def _check(self) -> None:
+        _check_groups(self.in_channels, self.out_channels, self.groups)
+        kh, kw = self.kernel_size
+        if self.depthwise:
+            expected = (kh * kw, self.out_channels)
+        else:
+            expected = (self.out_channels, padded_k(self.k_total))
+        dtype = operand_dtype(self.precision)
+        if tuple(self.data.shape) != expected or self.data.dtype != dtype or not self.data.is_contiguous():
+            raise ValueError(
+                f"packed conv weight data is {tuple(self.data.shape)} {self.data.dtype}"
+                f"{'' if self.data.is_contiguous() else ' non-contiguous'}; expected contiguous {expected} "
+                f"{dtype} for C_out={self.out_channels}, C_in={self.in_channels}, kernel {kh}x{kw}, "
+                f"groups={self.groups}, precision {self.precision.value}"
+            )
+
+
+@dataclass(frozen=True)
+class PackedGemmWeight:
+    """A linear weight ``[N, K]`` packed for :func:`fuser.kernels.gemm_act` as ``[N, K_pad]``."""
+
+    data: torch.Tensor
+    out_features: int
+    in_features: int
+    precision: Precision
+
+    @classmethod
+    def from_parts(
+        cls, data: torch.Tensor, out_features: int, in_features: int, precision: Precision | str
+    ) -> PackedGemmWeight:
+        """Rebuild from plain values (what a custom op's schema can carry), checking they agree."""
+        packed = cls(data, int(out_features), int(in_features), Precision.parse(precision))
+        expected = (packed.out_features, padded_k(packed.in_features))
+        dtype = operand_dtype(packed.precision)
+        if tuple(data.shape) != expected or data.dtype != dtype or not data.is_contiguous():
+            raise ValueError(
+                f"packed gemm weight data is {tuple(data.shape)} {data.dtype}; expected contiguous "
+                f"{expected} {dtype} for N={packed.out_features}, K={packed.in_features}, "
+                f"precision {packed.precision.value}"
+            )
+        return packed
+
+
+def _check_groups(in_channels: int, out_channels: int, groups: int) -> None:
+    if groups < 1 or in_channels % groups or out_channels % groups:
+        raise ValueError(f"groups={groups} must divide both C_in={in_channels} and C_out={out_channels}")
+
+
+def _pad_k(weight_2d: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    k = weight_2d.shape[1]
+    return F.pad(weight_2d.to(dtype), (0, padded_k(k) - k)).contiguous()
+
+
+def pack_conv_weight(weight: torch.Tensor, precision: Precision | str, groups: int = 1) -> PackedConvWeight:
+    """Pack a ``[C_out, C_in / groups, KH, KW]`` convolution weight (the BN already folded into it).
+
+    Returns new tensors on ``weight``'s device; ``weight`` itself is not modified.
+    """
+    precision = Precision.parse(precision)
+    if weight.dim() != 4:
+        raise ValueError(
+            f"conv weight must be 4-D [C_out, C_in/groups, KH, KW], got shape {tuple(weight.shape)}"
+        )
+    if not weight.is_floating_point():
+        raise ValueError(f"conv weight must be floating point, got {weight.dtype}")
+    c_out, c_in_g, kh, kw = weight.shape
+    in_channels = c_in_g * groups
+    _check_groups(in_channels, c_out, groups)
+    dtype = operand_dtype(precision)
+    w = weight.detach()
+    if is_depthwise(in_channels, c_out, groups):
+        data = w.reshape(c_out, kh * kw).t().to(dtype).contiguous()
+    else:
+        data = _pad_k(w.permute(0, 2, 3, 1).reshape(c_out, kh * kw * c_in_g), dtype)
+    return PackedConvWeight(data, int(c_out), int(in_channels), (int(kh), int(kw)), int(groups), precision)
+
+
+def pack_gemm_weight(weight: torch.Tensor, precision: Precision | str) -> PackedGemmWeight:
+    """Pack a ``[N, K]`` linear weight (``nn.Linear.weight``'s layout: C = A @ W^T)."""
+    precision = Precision.parse(precision)
+    if weight.dim() != 2:
+        raise ValueError(f"gemm weight must be 2-D [N, K], got shape {tuple(weight.shape)}")
+    if not weight.is_floating_point():
+        raise ValueError(f"gemm weight must be floating point, got {weight.dtype}")
+    data = _pad_k(weight.detach(), operand_dtype(precision))
+    return PackedGemmWeight(data, int(weight.shape[0]), int(weight.shape[1]), precision)
