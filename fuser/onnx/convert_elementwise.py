@@ -1,0 +1,182 @@
+"""Converters for element-wise arithmetic, comparison, selection and casts.
+
+Add/Sub/Mul/Div become ``operator.add/sub/mul/truediv`` (what ``a + b`` traces to); a one-element
+constant operand becomes a Python number, so ``x * 0.5`` reads as it would in a traced model. On shape
+vectors (:class:`~fuser.onnx.shape_values.ShapeValue`) the same ops run entry by entry at import time.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch import fx
+
+from fuser.onnx.builder import NodeContext, Value, torch_dtype
+from fuser.onnx.convert_activations import python_scalar
+from fuser.onnx.registry import converter
+from fuser.onnx.shape_values import ShapeValue, broadcast_pairs, from_tensor, is_integral
+
+
+def as_shape_value(value: Value) -> ShapeValue | None:
+    """``value`` as a ShapeValue when it is one or a small constant vector; None for run-time tensors."""
+    if isinstance(value, ShapeValue):
+        return value
+    if isinstance(value, torch.Tensor):
+        return from_tensor(value)
+    return None
+
+
+def _symbolic_binary(ctx: NodeContext, op: str, a: Value, b: Value) -> ShapeValue | None:
+    """``a op b`` entry by entry when one side is a ShapeValue and the other one too or a small constant."""
+    if not (isinstance(a, ShapeValue) or isinstance(b, ShapeValue)):
+        return None
+    sa, sb = as_shape_value(a), as_shape_value(b)
+    if sa is None or sb is None:
+        return None
+    pairs = broadcast_pairs(sa, sb)
+    if pairs is None:
+        return None
+    integral = is_integral(sa.dtype)
+    items = []
+    for x, y in pairs:
+        item = ctx.builder.items.binary(op, x, y, integral)
+        if item is None:
+            return None
+        items.append(item)
+    dtype = torch.bool if op == "eq" else sa.dtype
+    return ShapeValue(tuple(items), scalar=sa.scalar and sb.scalar, dtype=dtype)
+
+
+def _operand(ctx: NodeContext, i: int, other: Value) -> Any:
+    """Input ``i`` for a binary op whose other operand is ``other``.
+
+    Against a run-time tensor, a one-element constant (or one-entry shape vector) becomes a Python
+    number when that does not change the result's rank. Between constants nothing changes, so the
+    folded result stays a tensor.
+    """
+    value = ctx.input(i)
+    if not isinstance(other, fx.Node):
+        return value
+    other_rank = ctx.rank(1 - i)
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        rank = value.dim()
+    elif isinstance(value, ShapeValue) and len(value.items) == 1:
+        rank = value.rank
+    else:
+        return value
+    if rank > 0 and (other_rank is None or rank > other_rank):
+        return value
+    if isinstance(value, torch.Tensor):
+        return python_scalar(value)
+    item = value.items[0]
+    if isinstance(item, fx.Node) or not value.dtype.is_floating_point:
+        return item
+    return float(item)
+
+
+def _binary(ctx: NodeContext, op: str) -> Any:
+    a, b = ctx.input(0), ctx.input(1)
+    symbolic = _symbolic_binary(ctx, op, a, b)
+    if symbolic is not None:
+        return symbolic
+    dtype = ctx.dtype(0) or ctx.dtype(1)
+    x, y = _operand(ctx, 0, b), _operand(ctx, 1, a)
+    if op == "div" and dtype is not None and is_integral(dtype):
+        # ONNX integer division truncates toward zero; Python's // floors.
+        return ctx.call(torch.div, x, y, rounding_mode="trunc")
+    target = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv}[op]
+    return ctx.call(target, x, y)
+
+
+@converter("Add", opsets=(7, 21))
+def add(ctx: NodeContext) -> Any:
+    return _binary(ctx, "add")
+
+
+@converter("Sub", opsets=(7, 21))
+def sub(ctx: NodeContext) -> Any:
+    return _binary(ctx, "sub")
+
+
+@converter("Mul", opsets=(7, 21))
+def mul(ctx: NodeContext) -> Any:
+    return _binary(ctx, "mul")
+
+
+@converter("Div", opsets=(7, 21))
+def div(ctx: NodeContext) -> Any:
+    return _binary(ctx, "div")
+
+
+@converter("Equal", opsets=(11, 21))
+def equal(ctx: NodeContext) -> Any:
+    a, b = ctx.input(0), ctx.input(1)
+    symbolic = _symbolic_binary(ctx, "eq", a, b)
+    if symbolic is not None:
+        return symbolic
+    return ctx.call(torch.eq, a, b)
+
+
+@converter("Pow", opsets=(7, 21))
+def pow_(ctx: NodeContext) -> Any:
+    """``torch.pow(x, 2.0)`` for a constant exponent; ONNX keeps the base's dtype, so an integer base
+    with a float exponent is cast back."""
+    base, exponent = ctx.input(0), ctx.input(1)
+    const = ctx.constant(1)
+    base_dtype = ctx.dtype(0)
+    if const is not None and const.numel() == 1 and const.dim() <= (ctx.rank(0) or 0):
+        exponent = python_scalar(const)
+    result = ctx.call(torch.pow, base, exponent)
+    exp_dtype = ctx.dtype(1)
+    if base_dtype is not None and exp_dtype is not None and is_integral(base_dtype) != is_integral(exp_dtype):
+        result = ctx.method("to", result, base_dtype)
+    return result
+
+
+@converter("Sqrt", opsets=(6, 21))
+def sqrt(ctx: NodeContext) -> Any:
+    return ctx.call(torch.sqrt, ctx.input(0))
+
+
+@converter("Where", opsets=(9, 21))
+def where(ctx: NodeContext) -> Any:
+    cond, a, b = ctx.input(0), ctx.input(1), ctx.input(2)
+    if any(isinstance(v, ShapeValue) for v in (cond, a, b)):
+        symbolic = _symbolic_where(cond, a, b)
+        if symbolic is not None:
+            return symbolic
+    return ctx.call(torch.where, cond, a, b)
+
+
+def _symbolic_where(cond: Value, a: Value, b: Value) -> ShapeValue | None:
+    sc, sa, sb = as_shape_value(cond), as_shape_value(a), as_shape_value(b)
+    if sc is None or sa is None or sb is None or not sc.is_constant:
+        return None
+    length = max(len(sc.items), len(sa.items), len(sb.items))
+    if any(len(s.items) not in (1, length) for s in (sc, sa, sb)):
+        return None
+
+    def at(s: ShapeValue, k: int) -> Any:
+        return s.items[0] if len(s.items) == 1 else s.items[k]
+
+    items = tuple(at(sa, k) if at(sc, k) else at(sb, k) for k in range(length))
+    return ShapeValue(items, scalar=sc.scalar and sa.scalar and sb.scalar, dtype=sa.dtype)
+
+
+@converter("Cast", opsets=(6, 21))
+def cast(ctx: NodeContext) -> Any:
+    x = ctx.input(0)
+    dtype = torch_dtype(int(ctx.attr("to")), ctx.describe())
+    # Run-time entries of an integer shape vector are Python ints; as floats they behave the same in
+    # float arithmetic, so an int -> int or int -> float cast only changes the declared dtype.
+    symbolic = isinstance(x, ShapeValue) and not x.is_constant and is_integral(x.dtype)
+    if symbolic and dtype != torch.bool and (is_integral(dtype) or dtype.is_floating_point):
+        return ShapeValue(x.items, x.scalar, dtype)
+    return ctx.method("to", x, dtype)
+
+
+@converter("Identity", opsets=(1, 21))
+def identity(ctx: NodeContext) -> Any:
+    return ctx.input(0)

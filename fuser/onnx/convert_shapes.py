@@ -1,0 +1,275 @@
+"""Converters for shapes and data movement: Shape, Gather, Concat, Split, Slice, Reshape, Flatten,
+Transpose, Squeeze, Unsqueeze, Expand, Constant, ConstantOfShape, Range.
+
+Shape yields a :class:`~fuser.onnx.shape_values.ShapeValue` of ``x.size(i)`` nodes, never the sizes
+seen at import time, and the others work on such vectors entry by entry, so a reshape to
+``(batch, -1)`` stays ``torch.reshape(x, (x.size(0), -1))`` and the batch stays dynamic.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+from torch import fx
+
+from fuser.onnx.builder import NodeContext
+from fuser.onnx.convert_elementwise import as_shape_value
+from fuser.onnx.registry import converter
+from fuser.onnx.shape_values import ShapeValue, normalize_index, slice_items
+
+
+@converter("Shape", opsets=(1, 21))
+def shape(ctx: NodeContext) -> Any:
+    x = ctx.input(0)
+    window = slice(int(ctx.attr("start", 0)), ctx.attr("end"))
+    if isinstance(x, fx.Node):
+        return ShapeValue(tuple(ctx.size(x, i) for i in range(ctx.require_rank(0))[window]))
+    dims = ([] if x.scalar else [len(x.items)]) if isinstance(x, ShapeValue) else list(x.shape)
+    return ShapeValue(tuple(dims[window]))
+
+
+@converter("Gather", opsets=(11, 21))
+def gather(ctx: NodeContext) -> Any:
+    """``data[:, ..., indices]`` (advanced indexing has ONNX's output shape and negative indices); a
+    scalar constant index is a Python int, which drops the axis as ONNX does."""
+    data = ctx.input(0)
+    axis = int(ctx.attr("axis", 0))
+    indices = ctx.constant(1)
+    if isinstance(data, ShapeValue) and not data.scalar and indices is not None and indices.dim() <= 1:
+        n = len(data.items)
+        picked = tuple(data.items[normalize_index(int(i), n)] for i in indices.reshape(-1).tolist())
+        return ShapeValue(picked, scalar=indices.dim() == 0, dtype=data.dtype)
+    if axis < 0:
+        axis += ctx.require_rank(0)
+    index: Any = int(indices) if indices is not None and indices.dim() == 0 else ctx.input(1)
+    return ctx.call(operator.getitem, data, (slice(None),) * axis + (index,))
+
+
+@converter("Concat", opsets=(4, 21))
+def concat(ctx: NodeContext) -> Any:
+    values = [ctx.input(i) for i in range(ctx.num_inputs) if ctx.has_input(i)]
+    axis = int(ctx.attr("axis"))
+    if any(isinstance(v, ShapeValue) for v in values) and axis in (0, -1):
+        vectors = [as_shape_value(v) for v in values]
+        if all(v is not None and not v.scalar for v in vectors):
+            return ShapeValue(tuple(item for v in vectors for item in v.items), dtype=vectors[0].dtype)
+    return ctx.call(torch.cat, values, dim=axis)
+
+
+def _split(ctx: NodeContext, sizes: list[int] | None) -> list[Any]:
+    x = ctx.input(0)
+    axis = int(ctx.attr("axis", 0))
+    count = len(ctx.node.output)
+    if sizes is not None:
+        if len(sizes) != count:
+            raise ctx.invalid(f"{len(sizes)} split sizes for {count} outputs")
+        parts = ctx.call(torch.split, x, sizes, dim=axis)
+    else:
+        count = int(ctx.attr("num_outputs", count))
+        # ONNX splits into equal parts of ceil(size / count), the last one smaller: torch.chunk's rule.
+        parts = ctx.call(torch.chunk, x, count, dim=axis)
+    return [ctx.call(operator.getitem, parts, i) for i in range(count)]
+
+
+@converter("Split", opsets=(2, 12))
+def split_attribute(ctx: NodeContext) -> Any:
+    sizes = ctx.attr("split")
+    return _split(ctx, list(sizes) if sizes else None)
+
+
+@converter("Split", opsets=(13, 21))
+def split_input(ctx: NodeContext) -> Any:
+    return _split(ctx, ctx.constant_ints(1, "split"))
+
+
+@converter("Slice", opsets=(10, 21))
+def slice_(ctx: NodeContext) -> Any:
+    """Python slicing: ``x[:, a:b:c]``. Starts and ends may be run-time sizes (shape vectors with
+    ``x.size(i)`` entries); a negative step flips the axis and slices the flipped tensor."""
+    x = ctx.input(0)
+    starts, ends = as_shape_value(ctx.input(1)), as_shape_value(ctx.input(2))
+    if starts is None or ends is None:
+        raise ctx.unsupported("starts or ends computed as run-time tensors")
+    n = len(starts.items)
+    axes = ctx.constant_ints(3, "axes") or list(range(n))
+    steps = ctx.constant_ints(4, "steps") or [1] * n
+    if not (len(ends.items) == len(axes) == len(steps) == n):
+        raise ctx.invalid(
+            f"starts, ends, axes, steps of lengths {n}, {len(ends.items)}, {len(axes)}, {len(steps)}"
+        )
+    if 0 in steps:
+        raise ctx.invalid("a step of 0")
+    if isinstance(x, ShapeValue) and not x.scalar and starts.is_constant and ends.is_constant:
+        return x.with_items(slice_items(x.items, int(starts.items[0]), int(ends.items[0]), steps[0]))
+    if any(a < 0 for a in axes):
+        rank = ctx.require_rank(0)
+        axes = [a + rank if a < 0 else a for a in axes]
+    key: list[Any] = [slice(None)] * (max(axes) + 1)
+    flips = []
+    for axis, start, end, step in zip(axes, starts.items, ends.items, steps, strict=True):
+        if step > 0:
+            key[axis] = slice(start, end, None if step == 1 else step)
+            continue
+        if isinstance(start, fx.Node) or isinstance(end, fx.Node):
+            raise ctx.unsupported("a negative step with starts or ends computed at run time")
+        # Index i of the axis is index n-1-i of the flipped axis; as Python negative indices that is
+        # -(i+1), and the slice bounds follow (clamping included, except for a start below -size).
+        flips.append(axis)
+        key[axis] = slice(-(start + 1), -(end + 1), None if step == -1 else -step)
+    if flips:
+        x = ctx.call(torch.flip, x, flips)
+    return ctx.call(operator.getitem, x, tuple(key))
+
+
+@converter("Reshape", opsets=(5, 21))
+def reshape(ctx: NodeContext) -> Any:
+    """``torch.reshape(x, shape)``; a 0 in the shape copies the input's size there (unless allowzero),
+    which for the batch dim is ``x.size(0)`` at run time."""
+    x = ctx.input(0)
+    target = as_shape_value(ctx.input(1))
+    if target is None:
+        raise ctx.unsupported("a shape computed as a run-time tensor (not from Shape arithmetic)")
+    allowzero = bool(ctx.attr("allowzero", 0))
+    if isinstance(x, ShapeValue) and target.is_constant:
+        flat = [int(v) for v in target.items]
+        if flat in ([-1], [len(x.items)]) or (flat == [] and len(x.items) == 1):
+            return x.with_items(x.items, scalar=flat == [])
+    items = list(target.items)
+    if not allowzero:
+        for i, item in enumerate(items):
+            if not isinstance(item, fx.Node) and item == 0:
+                items[i] = ctx.size(x, i)
+    return ctx.call(torch.reshape, x, tuple(items))
+
+
+@converter("Flatten", opsets=(1, 21))
+def flatten(ctx: NodeContext) -> Any:
+    """2-D output [prod(dims before axis), prod(dims from axis)]."""
+    x = ctx.input(0)
+    axis = int(ctx.attr("axis", 1))
+    rank = ctx.rank(0)
+    if axis < 0:
+        axis += ctx.require_rank(0)
+    if axis == 0:
+        return ctx.call(torch.reshape, x, (1, -1))
+    if rank is not None and axis == rank:
+        return ctx.call(torch.reshape, x, (-1, 1))
+    if axis == 1:
+        return ctx.call(torch.flatten, x, 1)
+    return ctx.call(torch.flatten, ctx.call(torch.flatten, x, 0, axis - 1), 1)
+
+
+@converter("Transpose", opsets=(1, 21))
+def transpose(ctx: NodeContext) -> Any:
+    x = ctx.input(0)
+    perm = ctx.attr("perm")
+    if perm is None:
+        perm = list(reversed(range(ctx.require_rank(0))))
+    if isinstance(x, ShapeValue):
+        return x
+    return ctx.call(torch.permute, x, tuple(perm))
+
+
+def _squeeze(ctx: NodeContext, axes: list[int] | None) -> Any:
+    x = ctx.input(0)
+    if isinstance(x, ShapeValue) and not x.scalar and len(x.items) == 1 and axes in (None, [0], [-1]):
+        return x.with_items(x.items, scalar=True)
+    if axes is None:
+        return ctx.call(torch.squeeze, x)
+    return ctx.call(torch.squeeze, x, tuple(axes))
+
+
+@converter("Squeeze", opsets=(1, 12))
+def squeeze_attribute(ctx: NodeContext) -> Any:
+    axes = ctx.attr("axes")
+    return _squeeze(ctx, list(axes) if axes else None)
+
+
+@converter("Squeeze", opsets=(13, 21))
+def squeeze_input(ctx: NodeContext) -> Any:
+    return _squeeze(ctx, ctx.constant_ints(1, "axes"))
+
+
+def _unsqueeze(ctx: NodeContext, axes: list[int]) -> Any:
+    x = ctx.input(0)
+    if isinstance(x, ShapeValue) and x.scalar and axes in ([0], [-1]):
+        return x.with_items(x.items, scalar=False)
+    if any(a < 0 for a in axes):
+        out_rank = ctx.require_rank(0) + len(axes)
+        axes = [a + out_rank if a < 0 else a for a in axes]
+    for axis in sorted(axes):
+        x = ctx.call(torch.unsqueeze, x, axis)
+    return x
+
+
+@converter("Unsqueeze", opsets=(1, 12))
+def unsqueeze_attribute(ctx: NodeContext) -> Any:
+    return _unsqueeze(ctx, list(ctx.attr("axes")))
+
+
+@converter("Unsqueeze", opsets=(13, 21))
+def unsqueeze_input(ctx: NodeContext) -> Any:
+    return _unsqueeze(ctx, ctx.constant_ints(1, "axes"))
+
+
+@converter("Expand", opsets=(8, 21))
+def expand(ctx: NodeContext) -> Any:
+    """``x.expand(sizes)``. ONNX broadcasts x against the shape, where a 1 keeps the input's size: that
+    is torch's -1. A run-time entry over an input dim that is 1 is the new size; over any other known
+    size it must be 1 or that size, so -1 again."""
+    x = ctx.input(0)
+    target = as_shape_value(ctx.input(1))
+    if target is None:
+        raise ctx.unsupported("a shape computed as a run-time tensor (not from Shape arithmetic)")
+    x_shape = list(x.shape) if isinstance(x, torch.Tensor) else ctx.static_shape(0)
+    if x_shape is None:
+        x_shape = [None] * ctx.require_rank(0)
+    rank = max(len(x_shape), len(target.items))
+    sizes: list[Any] = []
+    for j in range(rank):
+        xi = j - (rank - len(x_shape))
+        ti = j - (rank - len(target.items))
+        item = target.items[ti] if ti >= 0 else -1
+        if xi < 0 or (isinstance(item, fx.Node) and x_shape[xi] == 1):
+            sizes.append(item)
+        elif isinstance(item, fx.Node):
+            sizes.append(-1 if x_shape[xi] is not None else ctx.call(max, ctx.size(x, xi), item))
+        else:
+            sizes.append(-1 if item == 1 else item)
+    return ctx.method("expand", x, tuple(sizes))
+
+
+@converter("Constant", opsets=(1, 21))
+def constant(ctx: NodeContext) -> Any:
+    for name, dtype in (("value_float", torch.float32), ("value_floats", torch.float32)):
+        if name in ctx.attrs:
+            return torch.tensor(ctx.attrs[name], dtype=dtype)
+    for name in ("value_int", "value_ints"):
+        if name in ctx.attrs:
+            return torch.tensor(ctx.attrs[name], dtype=torch.int64)
+    if "value" in ctx.attrs:
+        return ctx.attrs["value"]
+    raise ctx.unsupported(f"a Constant given as {', '.join(ctx.attrs) or 'nothing'}")
+
+
+@converter("ConstantOfShape", opsets=(9, 21))
+def constant_of_shape(ctx: NodeContext) -> Any:
+    value = ctx.attr("value")
+    value = torch.zeros(1, dtype=torch.float32) if value is None else value
+    target = as_shape_value(ctx.input(0))
+    if target is None:
+        raise ctx.unsupported("a shape computed as a run-time tensor (not from Shape arithmetic)")
+    return ctx.call(torch.full, tuple(target.items), value.reshape(()).item(), dtype=value.dtype)
+
+
+@converter("Range", opsets=(11, 21))
+def range_(ctx: NodeContext) -> Any:
+    bounds = []
+    for i in range(3):
+        value = ctx.input(i)
+        vector = as_shape_value(value) if not isinstance(value, fx.Node) else None
+        bounds.append(vector.items[0] if vector is not None else value)
+    dtype = ctx.dtype(0) or torch.int64
+    return ctx.call(torch.arange, *bounds, dtype=dtype)
