@@ -1,0 +1,203 @@
+"""The public entry points: ``optimize`` and ``explain``.
+
+    nn.Module | ONNX --capture--> fx graphs --canonicalize--> --match--> --rewrite--> nn.Module
+
+Both work on a copy of the model (unless ``inplace=True``), so the user's module and parameters are never
+changed; ``explain`` stops after matching and returns the report of what ``optimize`` would do.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.fx.passes.shape_prop import ShapeProp
+
+from fuser import ops
+from fuser.canonicalize import canonicalize
+from fuser.capture import Capture, CapturedGraph, capture, install, record_inputs
+from fuser.chain import Chain
+from fuser.graph_ops import CONV_ARGS, CONV_DEFAULTS, bind, constant_tensor
+from fuser.kernels.precision import Precision
+from fuser.matcher import find_chains
+from fuser.precision import torch_precision
+from fuser.report import ChainReport, FusionReport
+from fuser.rewrite import rewrite_chains
+
+ModelLike = nn.Module | str | os.PathLike
+
+
+class OptimizedModule(nn.Module):
+    """The optimized model: ``module`` runs under the precision policy; ``fusion_report`` says what was fused."""
+
+    def __init__(self, module: nn.Module, fusion_report: FusionReport, precision: Precision, backend: str) -> None:
+        super().__init__()
+        self.module = module
+        self.fusion_report = fusion_report
+        self.precision = precision
+        self.backend = backend
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with torch_precision(self.precision):
+            return self.module(*args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return f"fused={len(self.fusion_report.fused)}, precision={self.precision.value}, backend={self.backend}"
+
+
+def optimize(
+    model: ModelLike,
+    example_inputs: Any = None,
+    *,
+    precision: str = "tf32",
+    backend: str = "auto",
+    inplace: bool = False,
+) -> OptimizedModule:
+    """Return a module that computes the same function as ``model`` with its chains fused.
+
+    Args:
+        model: an ``nn.Module``, or an ONNX model (a path to an .onnx file, or an ``onnx.ModelProto``).
+        example_inputs: a tensor or a tuple of the model's positional inputs. Optional; with them the model is
+            run once (an input it rejects is an error here, not later), shapes and dtypes are checked, and on
+            a GPU the kernels are compiled and tuned for these shapes before this returns.
+        precision: "tf32" (default), "tf32x3", "ieee", "bf16" or "fp16": how the fused kernels do their dots
+            (fuser.kernels.precision explains each); the unfused ops run under matching torch flags.
+        backend: "auto" (compiled Triton kernels on CUDA inputs, the torch reference on CPU inputs), "triton",
+            "interpret" (the same kernels in Triton's interpreter, on CPU) or "torch" (the reference).
+        inplace: allow ``model`` itself to be used and changed instead of a copy (saves the memory of a copy).
+
+    The result carries ``.fusion_report``. Chains that fail a guard stay unfused and are listed, with the reason,
+    in ``.fusion_report.rejected``.
+    """
+    policy = Precision.parse(precision)
+    ops.check_backend(backend)
+    working = _working_copy(model, inplace)
+    inputs = _as_inputs(example_inputs)
+    root, report = _run_pipeline(working, inputs, policy, backend, rewrite=True)
+    optimized = OptimizedModule(root, report, policy, backend)
+    if inputs is not None and _on_cuda(inputs) and backend in ("auto", "triton"):
+        with torch.no_grad():
+            optimized(*inputs)  # compiles the kernels and measures their tile configs for these shapes
+    return optimized
+
+
+def explain(
+    model: ModelLike, example_inputs: Any = None, *, precision: str = "tf32", backend: str = "auto"
+) -> FusionReport:
+    """What ``optimize`` would fuse and what not, and why, without building anything. ``model`` is not changed."""
+    policy = Precision.parse(precision)
+    ops.check_backend(backend)
+    _, report = _run_pipeline(
+        _working_copy(model, inplace=False), _as_inputs(example_inputs), policy, backend, rewrite=False
+    )
+    return report
+
+
+def _working_copy(model: Any, inplace: bool) -> nn.Module:
+    if isinstance(model, nn.Module):
+        if inplace:
+            return model
+        try:
+            return copy.deepcopy(model)
+        except Exception as error:
+            raise TypeError(
+                f"cannot copy the {type(model).__name__} to optimize it ({type(error).__name__}: {error}); "
+                "pass inplace=True to optimize the model itself"
+            ) from error
+    if isinstance(model, (str, os.PathLike)):
+        path = Path(model)
+        if not path.exists():
+            raise FileNotFoundError(f"fuser: no such model file: {path}")
+        from fuser.onnx.importer import import_onnx
+
+        return import_onnx(path)
+    if type(model).__name__ == "ModelProto" and type(model).__module__.startswith("onnx"):
+        from fuser.onnx.importer import import_onnx
+
+        return import_onnx(model)
+    raise TypeError(
+        "fuser expects a torch.nn.Module, a path to an .onnx file or an onnx.ModelProto; "
+        f"got {type(model).__module__}.{type(model).__qualname__}"
+    )
+
+
+def _as_inputs(example_inputs: Any) -> tuple[Any, ...] | None:
+    if example_inputs is None:
+        return None
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,)
+    if isinstance(example_inputs, (tuple, list)):
+        return tuple(example_inputs)
+    raise TypeError(f"example_inputs must be a tensor or a tuple of inputs, got {type(example_inputs).__name__}")
+
+
+def _on_cuda(inputs: tuple[Any, ...]) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)
+
+
+def _describe_inputs(inputs: tuple[Any, ...]) -> str:
+    return ", ".join(
+        f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')} on {t.device}"
+        if isinstance(t, torch.Tensor)
+        else type(t).__name__
+        for t in inputs
+    )
+
+
+def _capture(working: nn.Module) -> Capture:
+    if isinstance(working, fx.GraphModule):
+        return Capture(root=working, graphs=[CapturedGraph("", working, working)])
+    return capture(working)
+
+
+def _run_pipeline(
+    working: nn.Module, inputs: tuple[Any, ...] | None, policy: Precision, backend: str, *, rewrite: bool
+) -> tuple[nn.Module, FusionReport]:
+    captured = _capture(working)
+    if inputs is not None:
+        try:
+            record_inputs(working, captured.graphs, inputs)
+        except Exception as error:
+            raise ValueError(
+                f"the model raised {type(error).__name__} on the example inputs ({_describe_inputs(inputs)}): {error}"
+            ) from error
+    report = FusionReport(untraced=captured.untraced, precision=policy.value, backend=backend)
+    root = working
+    for graph in captured.graphs:
+        if graph.example_inputs is not None:
+            with torch.no_grad():
+                ShapeProp(graph.gm).propagate(*graph.example_inputs)
+        canonicalize(graph.gm)
+        result = find_chains(graph.gm, graph.path)
+        report.entries += [ChainReport.from_chain(c, True, kernel=_kernel_for(c, graph.gm)) for c in result.accepted]
+        report.entries += [ChainReport.from_chain(r.chain, False, reason=r.reason) for r in result.rejected]
+        if rewrite and rewrite_chains(graph.gm, result.accepted, policy, backend):
+            root = install(captured, graph, graph.gm)
+    return root, report
+
+
+def _kernel_for(chain: Chain, gm: fx.GraphModule) -> str:
+    """Which Triton kernel the chain runs on a GPU, for the report."""
+    try:
+        from fuser import kernel_dispatch
+    except ImportError:  # no triton on this machine: the reference runs everywhere
+        return "torch reference"
+    if chain.infos[0].kind == "linear":
+        return kernel_dispatch.kernel_name("gemm")
+    args = bind(chain.head, CONV_ARGS, CONV_DEFAULTS)
+    weight = constant_tensor(gm, args["weight"])
+    groups = int(args["groups"])
+    stride = args["stride"] if isinstance(args["stride"], (tuple, list)) else (args["stride"],) * 2
+    return kernel_dispatch.kernel_name(
+        "conv",
+        in_channels=weight.shape[1] * groups,
+        out_channels=weight.shape[0],
+        groups=groups,
+        kernel_size=tuple(weight.shape[2:]),
+        stride=tuple(stride),
+    )

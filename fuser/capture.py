@@ -1,0 +1,158 @@
+"""Capture: the model as torch.fx graphs, the whole model when it traces, else its largest traceable parts.
+
+Real models often do not trace as a whole (a detection head that compares shapes, data-dependent control
+flow). Then every child module is tried in turn, recursing into those that fail, so each conv -> BN -> act
+block still lands in some graph; what could not be traced is recorded with the reason.
+
+A traced submodule is installed back into its parent by replacing that module's ``forward`` (an instance
+attribute pointing at the graph module, which is registered as its child ``fused_graph``): the module keeps
+its class, its attributes and its methods, so the parent's Python code (routing by ``m.f``, ``isinstance``
+checks) runs exactly as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+
+@dataclass(frozen=True)
+class UntracedModule:
+    """A module torch.fx could not trace (its traceable children were traced instead)."""
+
+    path: str
+    type_name: str
+    reason: str
+
+
+@dataclass
+class CapturedGraph:
+    """One traced graph: the module at ``path`` of the working model (``""`` is the root)."""
+
+    path: str
+    module: nn.Module
+    gm: fx.GraphModule
+    example_inputs: tuple[Any, ...] | None = None
+
+
+@dataclass
+class Capture:
+    root: nn.Module
+    graphs: list[CapturedGraph] = field(default_factory=list)
+    untraced: list[UntracedModule] = field(default_factory=list)
+
+
+class SourceTracer(fx.Tracer):
+    """A symbolic tracer that records, on each node, the qualified name of the module that created it."""
+
+    def __init__(self, prefix: str = "") -> None:
+        super().__init__()
+        self._scope: list[str] = [prefix]
+        self._prefix = prefix
+
+    def call_module(self, m: nn.Module, forward: Any, args: tuple, kwargs: dict) -> Any:
+        try:
+            path = self.path_of_module(m)
+        except NameError:
+            path = type(m).__name__
+        self._scope.append(f"{self._prefix}.{path}" if self._prefix and path else (path or self._prefix))
+        try:
+            return super().call_module(m, forward, args, kwargs)
+        finally:
+            self._scope.pop()
+
+    def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
+        node = super().create_node(*args, **kwargs)
+        node.meta["source_module"] = self._scope[-1]
+        return node
+
+
+def trace(module: nn.Module, path: str = "") -> fx.GraphModule:
+    """``torch.fx.symbolic_trace`` with source-module names recorded on the nodes.
+
+    Attributes that a forward assigns while being traced (a cache of anchors, a remembered shape) would
+    hold proxies afterwards; every module's attributes are put back as they were, traced or not.
+    """
+    saved = [(m, dict(m.__dict__)) for m in module.modules()]
+    try:
+        tracer = SourceTracer(path)
+        graph = tracer.trace(module)
+        for node in graph.nodes:
+            if isinstance(node.type, str):
+                # A postponed annotation ("torch.Tensor" under `from __future__ import annotations`) would
+                # reach the generated code's globals as a bare string, which GraphModule cannot pickle.
+                node.type = None
+        return fx.GraphModule(tracer.root, graph, type(module).__name__)
+    finally:
+        for m, attributes in saved:
+            m.__dict__.clear()
+            m.__dict__.update(attributes)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _is_container(module: nn.Module) -> bool:
+    return isinstance(module, (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict))
+
+
+def _worth_tracing(module: nn.Module) -> bool:
+    """False for torch.nn's own leaf layers: alone, a Conv2d or a ReLU holds no chain."""
+    return next(module.children(), None) is not None or not type(module).__module__.startswith("torch.nn")
+
+
+def capture(model: nn.Module) -> Capture:
+    """Trace ``model`` (the working copy: tracing can leave proxies in attributes a forward assigns)."""
+    result = Capture(root=model)
+
+    def visit(module: nn.Module, path: str) -> None:
+        if not _is_container(module):
+            try:
+                result.graphs.append(CapturedGraph(path, module, trace(module, path)))
+                return
+            except Exception as error:  # any failure to trace means: try the children instead
+                result.untraced.append(UntracedModule(path or "(model)", type(module).__name__, _first_line(error)))
+        for name, child in module.named_children():
+            if _worth_tracing(child):
+                visit(child, f"{path}.{name}" if path else name)
+
+    visit(model, "")
+    return result
+
+
+def record_inputs(model: nn.Module, graphs: list[CapturedGraph], example_inputs: tuple[Any, ...]) -> Any:
+    """Run ``model`` once on ``example_inputs``; store each traced module's first inputs; return the output."""
+    handles = []
+    for g in graphs:
+
+        def hook(module: nn.Module, args: tuple, g: CapturedGraph = g) -> None:
+            if g.example_inputs is None:
+                g.example_inputs = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+
+        handles.append(g.module.register_forward_pre_hook(hook))
+    try:
+        with torch.no_grad():
+            return model(*example_inputs)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def install(capture: Capture, graph: CapturedGraph, optimized: fx.GraphModule) -> nn.Module:
+    """Put ``optimized`` in place of ``graph``'s module; returns the model's new root."""
+    if graph.path == "":
+        return optimized
+    module = graph.module
+    name, i = "fused_graph", 1
+    while hasattr(module, name):
+        name, i = f"fused_graph_{i}", i + 1
+    module.add_module(name, optimized)
+    # An instance attribute shadows the class's forward; nn.Module.__call__ then runs the graph.
+    object.__setattr__(module, "forward", optimized.forward)
+    return capture.root

@@ -1,0 +1,89 @@
+"""A matched chain: the fx nodes of one pattern occurrence, and what they say about the fused op."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch.fx as fx
+
+from fuser.graph_ops import OpInfo
+from fuser.kernels.epilogue import Activation, Epilogue, Residual
+from fuser.patterns import ChainPattern
+
+
+def describe_node(node: fx.Node) -> str:
+    """``node`` (module path) for messages, e.g. "`bn1` (layer1.0.bn1)"."""
+    source = node.meta.get("source_module")
+    return f"`{node.name}` ({source})" if source else f"`{node.name}`"
+
+
+@dataclass
+class Chain:
+    pattern: ChainPattern
+    nodes: list[fx.Node]
+    infos: list[OpInfo]
+    graph_path: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def head(self) -> fx.Node:
+        return self.nodes[0]
+
+    @property
+    def last(self) -> fx.Node:
+        return self.nodes[-1]
+
+    def step(self, kind: str) -> tuple[fx.Node, OpInfo] | None:
+        """The node of the given kind in this chain, with its classification."""
+        for node, info in zip(self.nodes, self.infos, strict=True):
+            if info.kind == kind:
+                return node, info
+        return None
+
+    @property
+    def input(self) -> fx.Node:
+        """The chain's input, read from the live graph (an earlier rewrite may have replaced its producer)."""
+        head = self.head
+        return head.args[0] if head.args else head.kwargs["input"]
+
+    @property
+    def residual(self) -> fx.Node | None:
+        """The add's operand that does not come from the chain, read from the live graph."""
+        found = self.step("add")
+        if found is None:
+            return None
+        add = found[0]
+        previous = self.nodes[self.nodes.index(add) - 1]
+        a, b = add.args[0], add.args[1]
+        return b if a is previous else a
+
+    @property
+    def epilogue(self) -> Epilogue:
+        act = self.step("act")
+        scale = self.step("scale")
+        kinds = [i.kind for i in self.infos]
+        residual = Residual.NONE
+        if "add" in kinds:
+            before = "act" in kinds and kinds.index("add") < kinds.index("act")
+            residual = Residual.BEFORE_ACT if before else Residual.AFTER_ACT
+        return Epilogue(
+            act=act[1].act if act else Activation.NONE,
+            alpha=act[1].alpha if act else 0.0,
+            residual=residual,
+            scale=scale[1].scale if scale else 1.0,
+        )
+
+    @property
+    def ops(self) -> list[str]:
+        """Display names of the steps: conv2d, batch_norm, silu, add, scale."""
+        return [info.act.name.lower() if info.kind == "act" else info.kind for info in self.infos]
+
+    @property
+    def modules(self) -> list[str]:
+        """The source modules of the chain's nodes (qualified names in the user's model), in order."""
+        seen: list[str] = []
+        for node in self.nodes:
+            source = node.meta.get("source_module") or node.name
+            if source not in seen:
+                seen.append(source)
+        return seen

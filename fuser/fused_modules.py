@@ -1,0 +1,167 @@
+"""The modules a rewritten chain becomes: they own the folded parameters and call one fused op.
+
+``FusedConv2d`` replaces conv [-> BN] [-> act] [-> +residual]; ``FusedLinear`` replaces linear / matmul
+[-> +bias] [-> act] [-> +residual] [-> *scale]. Their ``weight`` and ``bias`` buffers are new tensors (the
+user's parameters are never written). The weight packed for the kernels is derived on first use per device
+and dtype and is not saved: ``torch.save`` stores the plain folded weight.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from fuser import kernel_dispatch, ops
+from fuser.kernels.epilogue import Epilogue
+from fuser.kernels.precision import Precision
+
+
+class _FusedBase(nn.Module):
+    """Shared state: folded weight and bias, the epilogue, the precision and the backend."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        epilogue: Epilogue,
+        precision: Precision | str,
+        backend: str,
+        source: str,
+    ) -> None:
+        super().__init__()
+        self.register_buffer("weight", weight.detach().clone())
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        self.epilogue = epilogue
+        self.precision = Precision.parse(precision)
+        self.backend = ops.check_backend(backend)
+        self.source = source
+        self._packed: dict[tuple[Any, ...], torch.Tensor | None] = {}
+
+    def _pack(self) -> torch.Tensor | None:
+        raise NotImplementedError
+
+    def packed_weight(self, device: torch.device) -> torch.Tensor | None:
+        """The weight packed for the kernels on ``device``, or None when the reference path runs there."""
+        if ops.resolve_backend(self.backend, device) == "torch":
+            return None
+        key = (self.weight.device, self.weight.dtype, self.weight.data_ptr(), self.weight._version)
+        if key not in self._packed:
+            self._packed.clear()
+            self._packed[key] = self._pack()
+        return self._packed[key]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_packed"] = {}  # derived data: rebuilt on first use after loading
+        return state
+
+
+class FusedConv2d(_FusedBase):
+    """conv2d with BN folded in and the activation / residual add in the epilogue."""
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        stride: tuple[int, int],
+        padding: tuple[int, int, int, int],
+        dilation: tuple[int, int],
+        groups: int,
+        epilogue: Epilogue,
+        precision: Precision | str = Precision.TF32,
+        backend: str = "auto",
+        source: str = "",
+    ) -> None:
+        super().__init__(weight, bias, epilogue, precision, backend, source)
+        if weight.dim() != 4:
+            raise ValueError(f"FusedConv2d needs a 4-D weight, got shape {tuple(weight.shape)}")
+        self.stride = tuple(stride)
+        self.padding = tuple(padding)
+        self.dilation = tuple(dilation)
+        self.groups = int(groups)
+
+    def _pack(self) -> torch.Tensor | None:
+        return kernel_dispatch.pack_conv(self.weight, self.groups, self.precision)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        e = self.epilogue
+        if ops.is_decomposed():
+            return ops.conv2d_reference(
+                x, self.weight, self.bias, residual, self.stride, self.padding, self.dilation, self.groups, e
+            )
+        return torch.ops.fuser.conv2d_act(
+            x,
+            self.weight,
+            self.bias,
+            residual,
+            self.packed_weight(x.device),
+            self.stride,
+            self.padding,
+            self.dilation,
+            self.groups,
+            int(e.act),
+            e.alpha,
+            int(e.residual),
+            self.precision.value,
+            self.backend,
+        )
+
+    def extra_repr(self) -> str:
+        c_out, c_in, kh, kw = self.weight.shape
+        return (
+            f"{c_in * self.groups}, {c_out}, kernel_size=({kh}, {kw}), stride={self.stride}, "
+            f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
+            f"epilogue='{self.epilogue.describe()}', precision={self.precision.value}, backend={self.backend}"
+        )
+
+
+class FusedLinear(_FusedBase):
+    """x @ W^T + bias with the activation, residual add and scale in the epilogue."""
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        epilogue: Epilogue,
+        precision: Precision | str = Precision.TF32,
+        backend: str = "auto",
+        source: str = "",
+    ) -> None:
+        super().__init__(weight, bias, epilogue, precision, backend, source)
+        if weight.dim() != 2:
+            raise ValueError(f"FusedLinear needs a 2-D weight, got shape {tuple(weight.shape)}")
+
+    def _pack(self) -> torch.Tensor | None:
+        return kernel_dispatch.pack_gemm(self.weight, self.precision)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        e = self.epilogue
+        if ops.is_decomposed():
+            return ops.gemm_reference(x, self.weight, self.bias, residual, e)
+        return torch.ops.fuser.gemm_act(
+            x,
+            self.weight,
+            self.bias,
+            residual,
+            self.packed_weight(x.device),
+            int(e.act),
+            e.alpha,
+            int(e.residual),
+            e.scale,
+            self.precision.value,
+            self.backend,
+        )
+
+    def extra_repr(self) -> str:
+        n, k = self.weight.shape
+        return (
+            f"in_features={k}, out_features={n}, epilogue='{self.epilogue.describe()}', "
+            f"precision={self.precision.value}, backend={self.backend}"
+        )

@@ -1,0 +1,200 @@
+"""What an fx node is: the vocabulary the canonicalizer writes and the matcher reads.
+
+After canonicalization (fuser.canonicalize) every fusable thing has one form:
+
+    conv2d      torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups)
+    batch_norm  torch.nn.functional.batch_norm(x, mean, var, weight, bias, training, momentum, eps)
+    linear      torch.nn.functional.linear(x, weight, bias)
+    act         one call of ACTIVATION_TARGETS, e.g. torch.nn.functional.silu(x)
+    add         x + y (operator.add, torch.add without alpha, Tensor.add)
+    scale       x * c or x / c with c a Python number
+
+:func:`classify` maps a node to one of these kinds (or None); the ``read_*`` helpers bind a node's
+arguments by name, whichever way the call was written (positional or keyword).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+
+from fuser.kernels.epilogue import Activation
+
+# The canonical call of each activation (what canonicalization writes).
+CANONICAL_ACTIVATION: dict[Activation, Any] = {
+    Activation.RELU: torch.relu,
+    Activation.RELU6: F.relu6,
+    Activation.LEAKY_RELU: F.leaky_relu,
+    Activation.SILU: F.silu,
+    Activation.HARDSWISH: F.hardswish,
+    Activation.GELU: F.gelu,
+    Activation.GELU_TANH: F.gelu,
+    Activation.SIGMOID: torch.sigmoid,
+    Activation.TANH: torch.tanh,
+}
+
+ADD_TARGETS = {operator.add, torch.add}
+MUL_TARGETS = {operator.mul, torch.mul}
+DIV_TARGETS = {operator.truediv, torch.div}
+
+# Activation-like ops that no epilogue implements: a chain that ends in one says so in the report.
+UNSUPPORTED_ACTIVATIONS: dict[Any, str] = {
+    F.mish: "mish",
+    F.elu: "elu",
+    F.selu: "selu",
+    F.celu: "celu",
+    F.softplus: "softplus",
+    F.hardsigmoid: "hardsigmoid",
+    F.prelu: "prelu",
+    F.logsigmoid: "logsigmoid",
+    F.softsign: "softsign",
+    nn.Mish: "mish",
+    nn.ELU: "elu",
+    nn.SELU: "selu",
+    nn.CELU: "celu",
+    nn.Softplus: "softplus",
+    nn.Hardsigmoid: "hardsigmoid",
+    nn.PReLU: "prelu",
+    nn.LogSigmoid: "logsigmoid",
+    nn.Softsign: "softsign",
+}
+
+CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+CONV_DEFAULTS = {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1}
+BN_ARGS = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
+BN_DEFAULTS = {"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5}
+LINEAR_ARGS = ("input", "weight", "bias")
+LINEAR_DEFAULTS = {"bias": None}
+
+
+def bind(node: fx.Node, names: tuple[str, ...], defaults: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments by parameter name, whether they were passed by position or keyword."""
+    out = dict(defaults)
+    out.update(zip(names, node.args, strict=False))
+    out.update({k: v for k, v in node.kwargs.items() if k in names})
+    return out
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """A classified node: its kind, its data input, and the kind-specific constants."""
+
+    kind: str
+    data: fx.Node
+    act: Activation = Activation.NONE
+    alpha: float = 0.0
+    other: fx.Node | None = None  # the second operand of an add
+    scale: float = 1.0
+
+
+def read_activation(node: fx.Node) -> tuple[Activation, float] | None:
+    """(activation, alpha) of a canonical activation call, or None."""
+    if node.op != "call_function":
+        return None
+    t = node.target
+    if t is F.gelu:
+        approximate = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
+        if approximate == "tanh":
+            return Activation.GELU_TANH, 0.0
+        return (Activation.GELU, 0.0) if approximate == "none" else None
+    if t is F.leaky_relu:
+        slope = node.kwargs.get("negative_slope", node.args[1] if len(node.args) > 1 else 0.01)
+        return (Activation.LEAKY_RELU, float(slope)) if is_number(slope) else None
+    for act, target in CANONICAL_ACTIVATION.items():
+        if t is target and act not in (Activation.GELU_TANH, Activation.LEAKY_RELU):
+            return act, 0.0
+    return None
+
+
+def _tensor_operands(node: fx.Node) -> tuple[Any, Any] | None:
+    if len(node.args) < 2:
+        return None
+    return node.args[0], node.args[1]
+
+
+def classify(node: fx.Node, modules: dict[str, nn.Module]) -> OpInfo | None:
+    """The kind of a canonical node, or None when it is not part of any chain vocabulary."""
+    if node.op == "call_function":
+        t = node.target
+        if t is F.conv2d:
+            return OpInfo("conv2d", node.args[0])
+        if t is F.batch_norm:
+            return OpInfo("batch_norm", node.args[0])
+        if t is F.linear:
+            return OpInfo("linear", node.args[0])
+        act = read_activation(node)
+        if act is not None:
+            return OpInfo("act", node.args[0], act=act[0], alpha=act[1])
+        if t in ADD_TARGETS and "alpha" not in node.kwargs:
+            return _classify_add(node)
+        if t in MUL_TARGETS or t in DIV_TARGETS:
+            return _classify_scale(node, divide=t in DIV_TARGETS)
+        return None
+    if node.op == "call_method":
+        if node.target == "add" and "alpha" not in node.kwargs:
+            return _classify_add(node)
+        if node.target in ("mul", "div"):
+            return _classify_scale(node, divide=node.target == "div")
+        return None
+    if node.op == "call_module":
+        module = modules.get(str(node.target))
+        # Leaf modules left by canonicalization on purpose (training-mode BN, reflect-padded conv): the
+        # matcher still sees them, so the guards can say why their chain is not fused.
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            return OpInfo("batch_norm", node.args[0])
+        if isinstance(module, nn.Conv2d):
+            return OpInfo("conv2d", node.args[0])
+    return None
+
+
+def _classify_add(node: fx.Node) -> OpInfo | None:
+    pair = _tensor_operands(node)
+    if pair is None or not all(isinstance(a, fx.Node) for a in pair):
+        return None
+    return OpInfo("add", pair[0], other=pair[1])
+
+
+def _classify_scale(node: fx.Node, divide: bool) -> OpInfo | None:
+    pair = _tensor_operands(node)
+    if pair is None or node.kwargs:
+        return None
+    a, b = pair
+    if isinstance(a, fx.Node) and is_number(b):
+        factor = float(b)
+    elif not divide and isinstance(b, fx.Node) and is_number(a):
+        a, factor = b, float(a)
+    else:
+        return None
+    if divide:
+        if factor == 0:
+            return None
+        factor = 1.0 / factor
+    return OpInfo("scale", a, scale=factor)
+
+
+def fetch_attr(gm: fx.GraphModule, target: str) -> Any:
+    """The object at a dotted attribute path of ``gm`` (what a get_attr node reads)."""
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def constant_tensor(gm: fx.GraphModule, value: Any) -> torch.Tensor | None:
+    """The tensor behind a get_attr node, or None when ``value`` is not such a node."""
+    if isinstance(value, fx.Node) and value.op == "get_attr":
+        obj = fetch_attr(gm, str(value.target))
+        if isinstance(obj, torch.Tensor):
+            return obj
+    return None

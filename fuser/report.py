@@ -1,0 +1,148 @@
+"""The fusion report: for every candidate chain, fused or not, what it is and why.
+
+``optimize`` attaches one to the module it returns (``.fusion_report``) and ``explain`` returns one. It
+prints as a table; ``.fused`` and ``.rejected`` are lists of :class:`ChainReport`; ``.untraced`` lists the
+modules torch.fx could not trace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from fuser.capture import UntracedModule
+from fuser.chain import Chain
+from fuser.kernels.epilogue import Activation, Epilogue, Residual
+
+
+@dataclass
+class ChainReport:
+    """One candidate chain. ``reason`` is None for fused chains and says why in plain words otherwise."""
+
+    pattern: str
+    ops: list[str]
+    nodes: list[str]
+    modules: list[str]
+    graph: str
+    epilogue: Epilogue
+    fused: bool
+    reason: str | None = None
+    kernel: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def activation(self) -> str | None:
+        """Lower-case activation name ("silu", "gelu_tanh", ...), or None."""
+        return None if self.epilogue.act == Activation.NONE else self.epilogue.act.name.lower()
+
+    @property
+    def residual(self) -> bool:
+        return self.epilogue.residual != Residual.NONE
+
+    @property
+    def scale(self) -> float | None:
+        return None if self.epilogue.scale == 1.0 else self.epilogue.scale
+
+    @property
+    def location(self) -> str:
+        """The chain's modules, compacted to their common parent: ``model.2.cv1.{conv,bn,act}``."""
+        return compact_paths(self.modules)
+
+    @classmethod
+    def from_chain(cls, chain: Chain, fused: bool, reason: str | None = None, kernel: str | None = None) -> ChainReport:
+        return cls(
+            pattern=chain.pattern.name,
+            ops=chain.ops,
+            nodes=[n.name for n in chain.nodes],
+            modules=chain.modules,
+            graph=chain.graph_path,
+            epilogue=chain.epilogue,
+            fused=fused,
+            reason=reason,
+            kernel=kernel,
+            notes=list(chain.notes),
+        )
+
+
+def compact_paths(paths: list[str]) -> str:
+    if len(paths) <= 1:
+        return paths[0] if paths else ""
+    split = [p.split(".") for p in paths]
+    common: list[str] = []
+    for parts in zip(*split, strict=False):
+        if len(set(parts)) != 1:
+            break
+        common.append(parts[0])
+    rests = [".".join(p[len(common) :]) for p in split]
+    if not common or any(not r for r in rests):
+        return ", ".join(paths)
+    return f"{'.'.join(common)}.{{{','.join(rests)}}}"
+
+
+@dataclass
+class FusionReport:
+    entries: list[ChainReport] = field(default_factory=list)
+    untraced: list[UntracedModule] = field(default_factory=list)
+    precision: str = "tf32"
+    backend: str = "auto"
+
+    @property
+    def fused(self) -> list[ChainReport]:
+        return [e for e in self.entries if e.fused]
+
+    @property
+    def rejected(self) -> list[ChainReport]:
+        return [e for e in self.entries if not e.fused]
+
+    def counts_by_pattern(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for e in self.fused:
+            counts[e.pattern] = counts.get(e.pattern, 0) + 1
+        return counts
+
+    def to_dict(self) -> dict[str, Any]:
+        def entry(e: ChainReport) -> dict[str, Any]:
+            d = asdict(e)
+            d["epilogue"] = e.epilogue.describe()
+            d["activation"], d["residual"], d["scale"] = e.activation, e.residual, e.scale
+            return d
+
+        return {
+            "precision": self.precision,
+            "backend": self.backend,
+            "fused": [entry(e) for e in self.fused],
+            "rejected": [entry(e) for e in self.rejected],
+            "untraced": [asdict(u) for u in self.untraced],
+        }
+
+    def __str__(self) -> str:
+        counts = ", ".join(f"{n} {p}" for p, n in sorted(self.counts_by_pattern().items()))
+        lines = [
+            f"fuser: {len(self.fused)} chains fused ({counts or 'none'}), {len(self.rejected)} not fused; "
+            f"precision {self.precision}, backend {self.backend}"
+        ]
+        if self.fused:
+            rows = [
+                [str(i), e.pattern, " -> ".join(e.ops), e.location, e.epilogue.describe(), e.kernel or ""]
+                for i, e in enumerate(self.fused, 1)
+            ]
+            lines += ["", "Fused:", *_table(["#", "pattern", "ops", "modules", "epilogue", "kernel"], rows)]
+            notes = [f"  #{i}: {note}" for i, e in enumerate(self.fused, 1) for note in e.notes]
+            if notes:
+                lines += ["", "Notes:", *notes]
+        if self.rejected:
+            rows = [[str(i), " -> ".join(e.ops), e.location, e.reason or ""] for i, e in enumerate(self.rejected, 1)]
+            lines += ["", "Not fused:", *_table(["#", "ops", "modules", "reason"], rows)]
+        if self.untraced:
+            lines += ["", "Not traced as a whole (their traceable parts were fused):"]
+            lines += [f"  {u.path} ({u.type_name}): {u.reason}" for u in self.untraced]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"FusionReport(fused={len(self.fused)}, rejected={len(self.rejected)}, untraced={len(self.untraced)})"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
+    fmt = lambda cells: "  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+    return [fmt(header), fmt(["-" * w for w in widths]), *map(fmt, rows)]

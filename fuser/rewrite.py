@@ -1,0 +1,124 @@
+"""Rewriting: each accepted chain becomes one call of a fused module with its folded parameters.
+
+The fused module is registered on the graph module under a name derived from the chain's source module
+(``fused_layer1_0_conv1``), called where the chain's last node was, with the chain's input and, if any, the
+residual. The chain's nodes are erased, then the parameters and submodules nothing reads any more. The
+folded tensors are new: the tensors the graph module shared with the user's model are only read.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch.fx as fx
+
+from fuser.chain import Chain
+from fuser.fold import BatchNormParams, fold_batchnorm
+from fuser.fused_modules import FusedConv2d, FusedLinear
+from fuser.graph_ops import (
+    BN_ARGS,
+    BN_DEFAULTS,
+    CONV_ARGS,
+    CONV_DEFAULTS,
+    LINEAR_ARGS,
+    LINEAR_DEFAULTS,
+    bind,
+    constant_tensor,
+)
+from fuser.kernels.precision import Precision
+from fuser.ops import conv_padding
+
+
+def _pair(value: int | tuple[int, ...] | list[int]) -> tuple[int, int]:
+    if isinstance(value, int):
+        return (value, value)
+    values = tuple(int(v) for v in value)
+    return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
+
+
+def build_fused_module(
+    chain: Chain, gm: fx.GraphModule, precision: Precision, backend: str
+) -> FusedConv2d | FusedLinear:
+    """The fused module that computes ``chain`` (BN folded in float64)."""
+    source = chain.modules[0] if chain.modules else chain.head.name
+    if chain.infos[0].kind == "linear":
+        args = bind(chain.head, LINEAR_ARGS, LINEAR_DEFAULTS)
+        weight = constant_tensor(gm, args["weight"])
+        bias = constant_tensor(gm, args["bias"])
+        return FusedLinear(weight, bias, epilogue=chain.epilogue, precision=precision, backend=backend, source=source)
+
+    args = bind(chain.head, CONV_ARGS, CONV_DEFAULTS)
+    weight = constant_tensor(gm, args["weight"])
+    bias = constant_tensor(gm, args["bias"])
+    found = chain.step("batch_norm")
+    if found is not None:
+        bn = bind(found[0], BN_ARGS, BN_DEFAULTS)
+        params = BatchNormParams(
+            running_mean=constant_tensor(gm, bn["running_mean"]),
+            running_var=constant_tensor(gm, bn["running_var"]),
+            weight=constant_tensor(gm, bn["weight"]),
+            bias=constant_tensor(gm, bn["bias"]),
+            eps=float(bn["eps"]),
+        )
+        weight, bias = fold_batchnorm(weight, bias, params)
+    dilation = _pair(args["dilation"])
+    return FusedConv2d(
+        weight,
+        bias,
+        stride=_pair(args["stride"]),
+        padding=conv_padding(args["padding"], weight.shape[2:], dilation),
+        dilation=dilation,
+        groups=int(args["groups"]),
+        epilogue=chain.epilogue,
+        precision=precision,
+        backend=backend,
+        source=source,
+    )
+
+
+def _free_name(gm: fx.GraphModule, source: str) -> str:
+    stem = "fused_" + (re.sub(r"[^0-9a-zA-Z_]", "_", source).strip("_") or "chain")
+    name, i = stem, 1
+    while hasattr(gm, name):
+        name, i = f"{stem}_{i}", i + 1
+    return name
+
+
+def rewrite_chains(gm: fx.GraphModule, chains: list[Chain], precision: Precision, backend: str) -> list[str]:
+    """Replace every chain by a call of its fused module; returns the new submodules' names.
+
+    Returns an empty list when there was nothing to rewrite (and then leaves ``gm`` untouched).
+    """
+    if not chains:
+        return []
+    graph = gm.graph
+    names = []
+    for chain in chains:
+        module = build_fused_module(chain, gm, precision, backend)
+        name = _free_name(gm, module.source)
+        gm.add_submodule(name, module)
+        args = (chain.input,) if chain.residual is None else (chain.input, chain.residual)
+        with graph.inserting_before(chain.last):
+            fused = graph.call_module(name, args)
+        fused.meta = dict(chain.last.meta)
+        fused.meta["fused_chain"] = " -> ".join(chain.ops)
+        chain.last.replace_all_uses_with(fused)
+        for node in reversed(chain.nodes):
+            graph.erase_node(node)
+        names.append(name)
+    for node in list(graph.nodes):
+        if node.op == "get_attr" and not node.users:
+            graph.erase_node(node)
+    gm.delete_all_unused_submodules()
+    _delete_unread_tensors(gm)
+    graph.lint()
+    gm.recompile()
+    return names
+
+
+def _delete_unread_tensors(gm: fx.GraphModule) -> None:
+    """Drop parameters and buffers of the graph module itself that no get_attr reads any more."""
+    read = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+    for name in [n for n, _ in gm.named_parameters(recurse=False)] + [n for n, _ in gm.named_buffers(recurse=False)]:
+        if name not in read:
+            delattr(gm, name)

@@ -1,0 +1,188 @@
+"""The public API: optimize / explain contracts, the user's model untouched, save/load, errors, flags."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from accuracy import assert_close
+from test_forms import reference64
+from torch import nn
+from toy_models import ConvBnAct, ConvBnActAdd, Untraceable, seeded
+
+import fuser
+from fuser.fused_modules import FusedConv2d
+
+
+def snapshot(model: nn.Module) -> dict:
+    return {
+        "state": {k: v.clone() for k, v in model.state_dict().items()},
+        "modules": [(name, type(m), m.training) for name, m in model.named_modules()],
+        "attrs": {name: dict(vars(m)) for name, m in model.named_modules()},
+    }
+
+
+def assert_unchanged(model: nn.Module, before: dict) -> None:
+    after = snapshot(model)
+    assert after["modules"] == before["modules"]
+    assert before["state"].keys() == after["state"].keys()
+    for k, v in before["state"].items():
+        assert torch.equal(v, after["state"][k]), f"{k} was modified"
+    for name, attrs in before["attrs"].items():
+        assert "forward" not in after["attrs"][name], f"{name}.forward was replaced"
+        assert set(attrs) == set(after["attrs"][name]), f"{name}'s attributes changed"
+
+
+def test_users_model_and_parameters_are_not_modified():
+    model = seeded(Untraceable())
+    before = snapshot(model)
+    x = torch.randn(2, 3, 21, 19)
+    opt = fuser.optimize(model, (x,), backend="torch")
+    fuser.explain(model, (x,))
+    assert_unchanged(model, before)
+    assert model.seen_shape is None  # the example run happened on a copy
+    # the optimized model does not share tensors with the user's model
+    user_ptrs = {t.data_ptr() for t in model.state_dict().values()}
+    assert not user_ptrs & {t.data_ptr() for t in opt.state_dict().values()}
+    with torch.no_grad():
+        assert_close(opt(x), reference64(model, x), "ieee")
+
+
+def test_inplace_optimizes_the_model_itself():
+    model = seeded(Untraceable())
+    x = torch.randn(2, 3, 21, 19)
+    ref = reference64(model, x)
+    opt = fuser.optimize(model, (x,), backend="torch", inplace=True)
+    assert opt.module is model
+    assert any(isinstance(m, FusedConv2d) for m in model.modules())
+    with torch.no_grad():
+        assert_close(opt(x), ref, "ieee")
+
+
+def test_untraceable_model_is_fused_through_its_traceable_parts():
+    model = seeded(Untraceable())
+    x = torch.randn(1, 3, 21, 19)
+    report = fuser.explain(model, (x,))
+    assert [u.path for u in report.untraced] == ["(model)"]
+    assert "control flow" in report.untraced[0].reason
+    assert len(report.fused) == 3
+    assert {e.graph for e in report.fused} == {"stem", "blocks.0", "blocks.1"}
+    assert report.fused[0].location == "stem.{conv,bn,act}"
+    opt = fuser.optimize(model, (x,), backend="torch")
+    assert type(opt.module) is Untraceable and type(opt.module.stem) is type(model.stem)
+    with torch.no_grad():
+        assert_close(opt(x), reference64(model, x), "ieee")
+
+
+def test_explain_reports_without_rewriting():
+    model = seeded(ConvBnActAdd(5))
+    report = fuser.explain(model)
+    assert isinstance(report, fuser.FusionReport)
+    text = str(report)
+    assert "1 chains fused" in text and "conv_bn_act" in text and "bias -> silu -> +residual" in text
+    assert report.to_dict()["fused"][0]["activation"] == "silu"
+
+
+def test_optimized_module_round_trips_through_torch_save_in_a_fresh_process(tmp_path: Path):
+    model = seeded(Untraceable())
+    x = torch.randn(2, 3, 21, 19)
+    opt = fuser.optimize(model, (x,), backend="torch")
+    torch.save(opt, tmp_path / "opt.pt")
+    torch.save(x, tmp_path / "x.pt")
+    with torch.no_grad():
+        torch.save(opt(x), tmp_path / "expected.pt")
+    code = (
+        "import torch\n"
+        f"m = torch.load(r'{tmp_path / 'opt.pt'}', weights_only=False)\n"
+        f"x = torch.load(r'{tmp_path / 'x.pt'}')\n"
+        f"expected = torch.load(r'{tmp_path / 'expected.pt'}')\n"
+        "with torch.no_grad():\n"
+        "    out = m(x)\n"
+        "assert torch.equal(out, expected), (out - expected).abs().max()\n"
+        "print(type(m).__name__, len(m.fusion_report.fused))\n"
+    )
+    tests_dir = str(Path(__file__).resolve().parents[1])
+    env = {"PYTHONPATH": tests_dir, "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["OptimizedModule", "3"]
+
+
+def test_global_torch_flags_are_restored():
+    model = seeded(ConvBnAct(nn.SiLU()))
+    x = torch.randn(1, 5, 7, 7)
+    before = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
+    for precision in ("tf32", "ieee", "bf16"):
+        opt = fuser.optimize(model, (x,), backend="torch", precision=precision)
+        with torch.no_grad():
+            opt(x)
+        assert (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32) == before
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_reduced_precision_policy_rounds_operands(precision):
+    model = seeded(ConvBnAct(nn.SiLU(), 19, 21))
+    x = torch.randn(2, 19, 13, 11)
+    opt = fuser.optimize(model, (x,), backend="torch", precision=precision)
+    ref = reference64(model, x)
+    with torch.no_grad():
+        out = opt(x)
+    assert out.dtype == torch.float32
+    assert_close(out, ref, precision)
+    # the rounding really happened: bf16/fp16 operands cannot reach float32 accuracy
+    assert (out.double() - ref).norm() / ref.norm() > 1e-5
+
+
+def test_bad_model_type_is_a_type_error():
+    with pytest.raises(TypeError, match=r"got builtins\.int"):
+        fuser.optimize(3)
+    with pytest.raises(TypeError, match=r"torch\.nn\.Module"):
+        fuser.explain([nn.ReLU()])
+
+
+def test_missing_path_is_file_not_found():
+    with pytest.raises(FileNotFoundError, match=r"no-such-model\.onnx"):
+        fuser.optimize("/tmp/no-such-model.onnx")
+
+
+def test_example_input_the_model_rejects():
+    model = seeded(ConvBnAct(nn.SiLU(), 5, 7))
+    with pytest.raises(ValueError, match=r"raised RuntimeError on the example inputs \(\(1, 3, 8, 8\) float32"):
+        fuser.optimize(model, torch.randn(1, 3, 8, 8))
+
+
+def test_bad_precision_and_backend_are_named():
+    model = ConvBnAct(nn.SiLU())
+    with pytest.raises(ValueError, match=r"unknown precision 'tf16'"):
+        fuser.optimize(model, precision="tf16")
+    with pytest.raises(ValueError, match=r"unknown backend 'cuda'"):
+        fuser.optimize(model, backend="cuda")
+
+
+def test_triton_backend_on_cpu_input_says_what_to_use():
+    model = seeded(ConvBnAct(nn.SiLU()))
+    opt = fuser.optimize(model, backend="triton")
+    with pytest.raises(ValueError, match=r"backend='interpret'"):
+        opt(torch.randn(1, 5, 7, 7))
+
+
+def test_user_model_copy_failure_is_explained():
+    class Uncopyable(nn.Module):
+        def __deepcopy__(self, memo):
+            raise RuntimeError("holds a file handle")
+
+    with pytest.raises(TypeError, match="inplace=True"):
+        fuser.optimize(Uncopyable())
+
+
+def test_optimizing_twice_gives_the_same_result():
+    model = seeded(ConvBnActAdd(5))
+    x = torch.randn(2, 5, 7, 7)
+    a = fuser.optimize(model, (x,), backend="torch")
+    b = fuser.optimize(copy.deepcopy(model), (x,), backend="torch")
+    with torch.no_grad():
+        assert torch.equal(a(x), b(x))
