@@ -53,6 +53,16 @@ def pack_gemm(weight: torch.Tensor, precision: Precision) -> torch.Tensor:
     return kernels.pack_gemm_weight(weight, precision).data
 
 
+def _residual_fits(residual: torch.Tensor | None, out_shape: Sequence[int]) -> bool:
+    """False when adding ``residual`` would broadcast the output to a larger shape (the reference handles it)."""
+    if residual is None:
+        return True
+    try:
+        return tuple(torch.broadcast_shapes(tuple(out_shape), residual.shape)) == tuple(out_shape)
+    except RuntimeError:
+        return False
+
+
 def conv2d(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -69,19 +79,18 @@ def conv2d(
     interpret: bool,
 ) -> torch.Tensor | None:
     from fuser import kernels
+    from fuser.ops import conv_output_size
 
     c_out, c_in_per_group, kh, kw = weight.shape
-    if not kernels.conv2d_supported(c_in_per_group * groups, c_out, groups):
+    if not kernels.conv2d_supported(c_in_per_group * groups, c_out, groups) or x.dim() != 4:
+        return None
+    oh, ow = conv_output_size(x.shape[2:], (kh, kw), stride, padding, dilation)
+    if not _residual_fits(residual, (x.shape[0], c_out, oh, ow)):
         return None
     if packed is None:
         packed = pack_conv(weight, groups, precision)
-    packed_weight = kernels.PackedConvWeight.from_packed(
-        packed,
-        out_channels=c_out,
-        in_channels=c_in_per_group * groups,
-        kernel_size=(kh, kw),
-        groups=groups,
-        precision=precision,
+    packed_weight = kernels.PackedConvWeight.from_parts(
+        packed, c_out, c_in_per_group * groups, kh, kw, groups, precision
     )
     return kernels.conv2d_act(
         x,
@@ -109,9 +118,17 @@ def gemm(
 ) -> torch.Tensor | None:
     from fuser import kernels
 
+    n, k = weight.shape
+    out_shape = (*a.shape[:-1], n)
+    if a.dim() == 0 or not _residual_fits(residual, out_shape):
+        return None
     if packed is None:
         packed = pack_gemm(weight, precision)
-    packed_weight = kernels.PackedGemmWeight.from_packed(
-        packed, out_features=weight.shape[0], in_features=weight.shape[1], precision=precision
-    )
-    return kernels.gemm_act(a, packed_weight, bias, epilogue=epilogue, residual=residual, interpret=interpret)
+    packed_weight = kernels.PackedGemmWeight.from_parts(packed, n, k, precision)
+    if a.dim() in (2, 3):
+        return kernels.gemm_act(a, packed_weight, bias, epilogue=epilogue, residual=residual, interpret=interpret)
+    # 1-D and 4-D+ inputs: the kernel sees the rows as one 2-D matrix.
+    rows = a.reshape(-1, k)
+    res = None if residual is None else residual.expand(out_shape).reshape(-1, n)
+    out = kernels.gemm_act(rows, packed_weight, bias, epilogue=epilogue, residual=res, interpret=interpret)
+    return out.reshape(out_shape)

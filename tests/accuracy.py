@@ -7,6 +7,8 @@ masking and indexing bugs.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from fuser.models.common import randomize_batchnorm  # noqa: F401  (re-exported for tests)
@@ -43,3 +45,9 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, precision: str = "ieee", 
     err = rel_error(out, ref)
     bound = TOLERANCE[precision]
     assert err < bound, f"{what}: relative error {err:.3e} >= {bound:.0e} ({precision})"
+
+
+def reference64(model: torch.nn.Module, *inputs: torch.Tensor):
+    """The original model run in float64 on a copy: the oracle every optimized output is compared with."""
+    with torch.no_grad():
+        return copy.deepcopy(model).double()(*(t.double() if t.is_floating_point() else t for t in inputs))

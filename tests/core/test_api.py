@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from accuracy import assert_close
-from test_forms import reference64
+from accuracy import assert_close, reference64
 from torch import nn
 from toy_models import ConvBnAct, ConvBnActAdd, Untraceable, seeded
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-from accuracy import assert_close
+from accuracy import assert_close, reference64
 from torch import nn
 from toy_models import (
     AddmmTanh,
@@ -24,12 +23,6 @@ from toy_models import (
 )
 
 import fuser
-
-
-def reference64(model: nn.Module, *inputs: torch.Tensor) -> torch.Tensor:
-    """The original model run in float64: the oracle every fused output is compared with."""
-    with torch.no_grad():
-        return copy.deepcopy(model).double()(*(t.double() for t in inputs))
 
 
 def check(model: nn.Module, inputs: tuple[torch.Tensor, ...], fused: int, **kw) -> fuser.OptimizedModule:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from accuracy import assert_close
-from test_forms import reference64
+from accuracy import assert_close, reference64
 from torch import nn
 from toy_models import ConvBnAct, SharedConv, seeded
 
