@@ -146,7 +146,7 @@ def _conv2d_act_kernel(
             if USE_DESC:
                 w = w_ref.load([w_row0, k0]).T
             else:
-                w_ptrs = w_ref + (w_row0 + offs_n)[None, :].to(tl.int64) * stride_wn + k[:, None]
+                w_ptrs = w_ref + channels[None, :].to(tl.int64) * stride_wn + k[:, None]
                 w = tl.load(w_ptrs, mask=n_ok[None, :] & (k < K_TOTAL)[:, None], other=0.0)
             acc = dot_acc(a, w, acc, DOT_PRECISION, UPCAST)
     else:
@@ -169,7 +169,7 @@ def _conv2d_act_kernel(
                 # Columns past this tap's channels belong to the next tap; a's zeros cancel them.
                 w = w_ref.load([w_row0, k_w]).T
             else:
-                w_ptrs = w_ref + (w_row0 + offs_n)[None, :].to(tl.int64) * stride_wn + (k_w + offs_k)[:, None]
+                w_ptrs = w_ref + channels[None, :].to(tl.int64) * stride_wn + (k_w + offs_k)[:, None]
                 w = tl.load(w_ptrs, mask=n_ok[None, :] & c_ok[:, None], other=0.0)
             acc = dot_acc(a, w, acc, DOT_PRECISION, UPCAST)
 

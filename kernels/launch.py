@@ -136,11 +136,12 @@ def launch(
     constexprs: dict[str, Any],
     config: TileConfig,
     interpret: bool,
-) -> None:
-    """Launch compiled, or run the same kernel in the interpreter."""
+) -> Any:
+    """Launch compiled (returns Triton's compiled kernel, whose ``asm`` holds the PTX), or run the same
+    kernel in the interpreter (returns None)."""
     tile = {name: value for name, value in config.constexprs().items() if name in kernel.arg_names}
     kwargs = {**constexprs, **tile}
     if interpret:
         run_interpreted(kernel, grid, *args, **kwargs)
-    else:
-        kernel[grid](*args, **kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
+        return None
+    return kernel[grid](*args, **kwargs, num_warps=config.num_warps, num_stages=config.num_stages)

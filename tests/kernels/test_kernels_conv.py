@@ -1,0 +1,218 @@
+"""conv2d_act through Triton's interpreter on CPU tensors against float64 F.conv2d + epilogue."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from accuracy import assert_close, rel_error
+from kernels_reference import EPILOGUES, ConvCase, conv_inputs, conv_reference
+
+from fuser.kernels import (
+    Activation,
+    Epilogue,
+    PackedConvWeight,
+    Residual,
+    conv2d_act,
+    conv2d_supported,
+    pack_conv_weight,
+)
+
+SILU = Epilogue(Activation.SILU)
+
+# Odd channels (3, 5, 19), odd images (7, 13, 21x19), stride 2, dilation 2, padding 0 / 1 / "same"-style
+# asymmetric, batch 1 and 3; each kernel path: flat K (C_in < 16), channel blocks, 1x1 GEMM, grouped,
+# depthwise.
+GEOMETRIES = [
+    ConvCase("stem_c3_s2_p1", 1, 3, 16, (13, 13), 3, stride=2, padding=(1, 1, 1, 1)),
+    ConvCase("c5_k3_p0_b3", 3, 5, 7, (7, 7), 3),
+    ConvCase("c19_21x19_p1", 1, 19, 21, (21, 19), 3, padding=(1, 1, 1, 1)),
+    ConvCase("c5_dil2_b3", 3, 5, 11, (13, 13), 3, padding=(2, 2, 2, 2), dilation=2),
+    ConvCase("c19_k2_same_asym", 1, 19, 9, (13, 13), 2, padding=(0, 1, 0, 1)),
+    ConvCase("c19_s2_asym_b3", 3, 19, 13, (21, 19), 3, stride=2, padding=(0, 1, 1, 0)),
+    ConvCase("c40_multi_tile", 3, 40, 37, (9, 11), 3, padding=(1, 1, 1, 1)),
+    ConvCase("k5_c5", 1, 5, 7, (13, 13), 5, padding=(2, 2, 2, 2)),
+    ConvCase("pointwise_gemm_b3", 3, 19, 21, (7, 7), 1),
+    ConvCase("pointwise_s2", 1, 19, 5, (13, 13), 1, stride=2),
+    ConvCase("grouped_4", 3, 20, 8, (13, 13), 3, stride=2, padding=(1, 1, 1, 1), groups=4),
+    ConvCase("depthwise_c19_b3", 3, 19, 19, (13, 13), 3, padding=(1, 1, 1, 1), groups=19),
+    ConvCase("depthwise_s2_dil2", 1, 5, 5, (21, 19), 3, stride=2, padding=(2, 2, 2, 2), dilation=2, groups=5),
+]
+BY_NAME = {case.name: case for case in GEOMETRIES}
+KERNEL_PATHS = [
+    BY_NAME["c19_s2_asym_b3"],
+    BY_NAME["stem_c3_s2_p1"],
+    BY_NAME["pointwise_gemm_b3"],
+    BY_NAME["depthwise_c19_b3"],
+    BY_NAME["grouped_4"],
+]
+
+
+def run_conv(
+    case: ConvCase,
+    epilogue: Epilogue,
+    precision: str = "ieee",
+    dtype: torch.dtype = torch.float32,
+    channels_last: bool = True,
+    bias: bool = True,
+    path: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    x, w, b, residual = conv_inputs(case, epilogue, dtype, channels_last=channels_last)
+    b = b if bias else None
+    packed = pack_conv_weight(w, precision, groups=case.groups)
+    out = conv2d_act(
+        x,
+        packed,
+        b,
+        stride=case.stride,
+        padding=case.padding,
+        dilation=case.dilation,
+        epilogue=epilogue,
+        residual=residual,
+        interpret=True,
+        path=path,
+    )
+    return out, conv_reference(x, w, b, case, epilogue, residual)
+
+
+@pytest.mark.parametrize("channels_last", [True, False], ids=["nhwc", "nchw"])
+@pytest.mark.parametrize("case", GEOMETRIES, ids=str)
+def test_geometry(case: ConvCase, channels_last: bool) -> None:
+    out, ref = run_conv(case, SILU, channels_last=channels_last)
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    assert out.dtype == torch.float32
+    assert_close(out, ref, "ieee", f"{case} {'nhwc' if channels_last else 'nchw'}")
+
+
+@pytest.mark.parametrize("epilogue", EPILOGUES, ids=lambda e: e.describe())
+@pytest.mark.parametrize("case", KERNEL_PATHS, ids=str)
+def test_epilogue(case: ConvCase, epilogue: Epilogue) -> None:
+    out, ref = run_conv(case, epilogue)
+    assert_close(out, ref, "ieee", f"{case} {epilogue.describe()}")
+
+
+@pytest.mark.parametrize(
+    ("precision", "dtype"),
+    [
+        ("tf32", torch.float32),
+        ("tf32x3", torch.float32),
+        ("bf16", torch.float32),
+        ("fp16", torch.float32),
+        ("fp16", torch.float16),
+        ("bf16", torch.bfloat16),
+    ],
+    ids=["tf32", "tf32x3", "bf16", "fp16", "fp16-model", "bf16-model"],
+)
+@pytest.mark.parametrize("case", KERNEL_PATHS[:4], ids=str)
+def test_precision(case: ConvCase, precision: str, dtype: torch.dtype) -> None:
+    epilogue = Epilogue(Activation.HARDSWISH, residual=Residual.AFTER_ACT)
+    out, ref = run_conv(case, epilogue, precision, dtype)
+    assert out.dtype == dtype
+    assert_close(out, ref, precision, f"{case} {precision} {dtype}")
+
+
+@pytest.mark.parametrize(
+    "case",
+    [BY_NAME["stem_c3_s2_p1"], ConvCase("aligned_c20", 3, 20, 8, (13, 11), 3, stride=2, padding=(1, 1, 1, 1))],
+    ids=str,
+)
+def test_descriptor_and_pointer_paths_agree(case: ConvCase) -> None:
+    """Aligned shapes can take either path; both must match the reference (indexing of each path)."""
+    epilogue = Epilogue(Activation.GELU, residual=Residual.BEFORE_ACT)
+    for path in ("descriptor", "pointer"):
+        torch.manual_seed(1)
+        out, ref = run_conv(case, epilogue, path=path)
+        assert_close(out, ref, "ieee", f"{case} {path}")
+
+
+def test_no_bias_and_broadcast_residual() -> None:
+    case = BY_NAME["c19_s2_asym_b3"]
+    x, w, _, _ = conv_inputs(case, SILU)
+    residual = torch.randn(1, case.c_out, 1, 1)  # broadcast over batch and space: stride-0 loads
+    epilogue = Epilogue(Activation.RELU, residual=Residual.BEFORE_ACT)
+    out = conv2d_act(
+        x,
+        pack_conv_weight(w, "ieee"),
+        None,
+        stride=2,
+        padding=case.padding,
+        epilogue=epilogue,
+        residual=residual,
+        interpret=True,
+    )
+    assert_close(out, conv_reference(x, w, None, case, epilogue, residual.expand(out.shape)), "ieee", "broadcast")
+
+
+def test_nan_propagates() -> None:
+    """A NaN in the input must reach the output (no masked-away reads), and NaN never passes the check."""
+    case = BY_NAME["c19_21x19_p1"]
+    x, w, b, _ = conv_inputs(case, SILU)
+    x[0, 4, 10, 9] = float("nan")
+    out = conv2d_act(x, pack_conv_weight(w, "ieee"), b, padding=case.padding, epilogue=SILU, interpret=True)
+    assert torch.isnan(out[0, :, 9:12, 8:11]).all()
+    assert not torch.isnan(out[0, :, 0, 0]).any()
+    assert rel_error(out, conv_reference(x, w, b, case, SILU, None).nan_to_num()) == float("inf")
+
+
+def test_user_tensors_unchanged() -> None:
+    case = BY_NAME["c5_k3_p0_b3"]
+    x, w, b, _ = conv_inputs(case, SILU)
+    copies = [t.clone() for t in (x, w, b)]
+    packed = pack_conv_weight(w, "bf16")
+    conv2d_act(x, packed, b, epilogue=SILU, interpret=True)
+    for before, after in zip(copies, (x, w, b), strict=True):
+        assert torch.equal(before, after)
+
+
+def test_packed_weight_roundtrip() -> None:
+    w = torch.randn(8, 5, 3, 3)
+    packed = pack_conv_weight(w, "fp16")
+    assert packed.data.shape == (8, 48) and packed.data.dtype == torch.float16
+    rebuilt = PackedConvWeight.from_parts(packed.data, 8, 5, 3, 3, 1, "fp16")
+    assert rebuilt == packed
+    with pytest.raises(ValueError, match="expected contiguous"):
+        PackedConvWeight.from_parts(packed.data, 8, 6, 3, 3, 1, "fp16")
+    with pytest.raises(ValueError, match="expected contiguous"):
+        PackedConvWeight.from_parts(packed.data.float(), 8, 5, 3, 3, 1, "fp16")
+
+
+def test_supported() -> None:
+    assert conv2d_supported(19, 21, 1)
+    assert conv2d_supported(32, 32, 32)  # depthwise
+    assert conv2d_supported(20, 8, 4)  # grouped
+    assert not conv2d_supported(20, 9, 4)
+    assert not conv2d_supported(5, 5, 0)
+
+
+def test_errors() -> None:
+    w = pack_conv_weight(torch.randn(7, 5, 3, 3), "ieee")
+    x = torch.randn(1, 5, 9, 9)
+    with pytest.raises(ValueError, match=r"x has 4 channels .* expects C_in=5"):
+        conv2d_act(torch.randn(1, 4, 9, 9), w, interpret=True)
+    with pytest.raises(ValueError, match=r"4-D \[N, C, H, W\].*\(1, 5, 9, 9, 2\)"):
+        conv2d_act(torch.randn(1, 5, 9, 9, 2), w, interpret=True)
+    with pytest.raises(ValueError, match=r"float32, float16 or bfloat16.*torch.int32"):
+        conv2d_act(x.int(), w, interpret=True)
+    with pytest.raises(ValueError, match="need CUDA tensors, but x is on cpu"):
+        conv2d_act(x, w, interpret=False)
+    with pytest.raises(ValueError, match=r"bias must have shape \(7,\)"):
+        conv2d_act(x, w, torch.randn(5), interpret=True)
+    with pytest.raises(ValueError, match="does not fit the 2x2 input"):
+        conv2d_act(torch.randn(1, 5, 2, 2), w, interpret=True)
+    with pytest.raises(ValueError, match="needs a residual tensor"):
+        conv2d_act(x, w, epilogue=Epilogue(residual=Residual.AFTER_ACT), interpret=True)
+    with pytest.raises(ValueError, match="has no residual step"):
+        conv2d_act(x, w, residual=torch.randn(1, 7, 7, 7), interpret=True)
+    with pytest.raises(ValueError, match=r"residual of shape \(1, 7, 6, 6\) does not broadcast"):
+        conv2d_act(
+            x, w, epilogue=Epilogue(residual=Residual.AFTER_ACT), residual=torch.randn(1, 7, 6, 6), interpret=True
+        )
+    with pytest.raises(ValueError, match="padding must be"):
+        conv2d_act(x, w, padding=(1, 1, 1), interpret=True)
+    with pytest.raises(ValueError, match="descriptor path needs"):
+        conv2d_act(x, w, padding=1, path="descriptor", interpret=True)  # C_out=7: rows not 16-byte aligned
+    with pytest.raises(TypeError, match="PackedConvWeight"):
+        conv2d_act(x, torch.randn(7, 5, 3, 3), interpret=True)
+    with pytest.raises(ValueError, match="groups=4 must divide"):
+        pack_conv_weight(torch.randn(7, 5, 3, 3), "ieee", groups=4)
+    with pytest.raises(ValueError, match="unknown precision 'fp8'"):
+        pack_conv_weight(torch.randn(7, 5, 3, 3), "fp8")

@@ -1,0 +1,206 @@
+"""The compiled kernels on a CUDA GPU: realistic sizes, every precision, both tile-moving paths, the
+tensor-core check on the PTX, and the autotune cache with real measurements."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from accuracy import assert_close
+from kernels_reference import EPILOGUES, ConvCase, conv_inputs, conv_reference, gemm_reference
+
+from fuser.kernels import (
+    Activation,
+    Epilogue,
+    Residual,
+    autotune,
+    conv,
+    conv2d_act,
+    gemm,
+    gemm_act,
+    pack_conv_weight,
+    pack_gemm_weight,
+    set_cache_dir,
+)
+
+pytestmark = pytest.mark.gpu
+
+PRECISIONS = [
+    ("tf32", torch.float32),
+    ("tf32x3", torch.float32),
+    ("ieee", torch.float32),
+    ("bf16", torch.float32),
+    ("fp16", torch.float32),
+    ("fp16", torch.float16),
+    ("bf16", torch.bfloat16),
+]
+PRECISION_IDS = ["tf32", "tf32x3", "ieee", "bf16", "fp16", "fp16-model", "bf16-model"]
+
+CONV_CASES = [
+    ConvCase("c64_k3_28", 2, 64, 96, (28, 28), 3, padding=(1, 1, 1, 1)),
+    ConvCase("stem_c3_s2_97", 2, 3, 16, (97, 95), 3, stride=2, padding=(1, 1, 1, 1)),
+    ConvCase("c19_s2_asym_41", 3, 19, 45, (41, 39), 3, stride=2, padding=(0, 1, 1, 0)),
+    ConvCase("pointwise_144_24", 2, 144, 24, (28, 28), 1),
+    ConvCase("depthwise_144", 2, 144, 144, (28, 28), 3, padding=(1, 1, 1, 1), groups=144),
+    ConvCase("grouped_8_dil2", 2, 64, 64, (21, 19), 3, padding=(2, 2, 2, 2), dilation=2, groups=8),
+]
+
+
+@pytest.fixture(autouse=True)
+def _fixed_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Correctness tests take each kernel's default tile: measuring every shape would only cost time."""
+    monkeypatch.setenv("FUSER_AUTOTUNE", "0")
+
+
+def run_conv(case: ConvCase, epilogue: Epilogue, precision: str, dtype: torch.dtype, path: str = "auto"):
+    x, w, b, residual = conv_inputs(case, epilogue, dtype, device="cuda")
+    out = conv2d_act(
+        x,
+        pack_conv_weight(w, precision, groups=case.groups),
+        b,
+        stride=case.stride,
+        padding=case.padding,
+        dilation=case.dilation,
+        epilogue=epilogue,
+        residual=residual,
+        path=path,
+    )
+    assert out.dtype == dtype and out.is_contiguous(memory_format=torch.channels_last)
+    return out, conv_reference(x, w, b, case, epilogue, residual)
+
+
+@pytest.mark.parametrize(("precision", "dtype"), PRECISIONS, ids=PRECISION_IDS)
+@pytest.mark.parametrize("case", CONV_CASES, ids=str)
+def test_conv_precision(case: ConvCase, precision: str, dtype: torch.dtype) -> None:
+    epilogue = Epilogue(Activation.SILU, residual=Residual.AFTER_ACT)
+    out, ref = run_conv(case, epilogue, precision, dtype)
+    assert_close(out, ref, precision, f"{case} {precision} {dtype}")
+
+
+@pytest.mark.parametrize("epilogue", EPILOGUES, ids=lambda e: e.describe())
+@pytest.mark.parametrize("case", [CONV_CASES[0], CONV_CASES[4]], ids=str)
+def test_conv_epilogue(case: ConvCase, epilogue: Epilogue) -> None:
+    out, ref = run_conv(case, epilogue, "tf32", torch.float32)
+    assert_close(out, ref, "tf32", f"{case} {epilogue.describe()}")
+
+
+@pytest.mark.parametrize("path", ["descriptor", "pointer"])
+@pytest.mark.parametrize(
+    ("precision", "dtype"), [("tf32", torch.float32), ("bf16", torch.bfloat16)], ids=["tf32", "bf16-model"]
+)
+@pytest.mark.parametrize("case", [CONV_CASES[0], CONV_CASES[1]], ids=str)
+def test_conv_paths(case: ConvCase, precision: str, dtype: torch.dtype, path: str) -> None:
+    out, ref = run_conv(case, Epilogue(Activation.GELU), precision, dtype, path)
+    assert_close(out, ref, precision, f"{case} {path}")
+
+
+def run_gemm(a: torch.Tensor, n: int, epilogue: Epilogue, precision: str, path: str = "auto"):
+    w = torch.randn(n, a.shape[-1], device="cuda") / a.shape[-1] ** 0.5
+    b = torch.randn(n, device="cuda")
+    residual = None if epilogue.residual == Residual.NONE else torch.randn(*a.shape[:-1], n, device="cuda")
+    out = gemm_act(a, pack_gemm_weight(w, precision), b, epilogue=epilogue, residual=residual, path=path)
+    assert out.dtype == a.dtype
+    return out, gemm_reference(a, w, b, epilogue, residual)
+
+
+@pytest.mark.parametrize(("precision", "dtype"), PRECISIONS, ids=PRECISION_IDS)
+@pytest.mark.parametrize(
+    "mkn", [(1, 1024, 1000), (7, 333, 517), (33, 768, 3072), (1000, 1024, 999)], ids=lambda mkn: "x".join(map(str, mkn))
+)
+def test_gemm_precision(mkn: tuple[int, int, int], precision: str, dtype: torch.dtype) -> None:
+    m, k, n = mkn
+    a = torch.randn(m, k, device="cuda").to(dtype)
+    out, ref = run_gemm(a, n, Epilogue(Activation.GELU, residual=Residual.BEFORE_ACT), precision)
+    assert_close(out, ref, precision, f"{mkn} {precision} {dtype}")
+
+
+@pytest.mark.parametrize("epilogue", EPILOGUES, ids=lambda e: e.describe())
+def test_gemm_epilogue(epilogue: Epilogue) -> None:
+    out, ref = run_gemm(torch.randn(3, 129, 257, device="cuda"), 383, epilogue, "tf32")
+    assert_close(out, ref, "tf32", epilogue.describe())
+
+
+@pytest.mark.parametrize("path", ["descriptor", "pointer"])
+@pytest.mark.parametrize(
+    ("precision", "dtype"), [("tf32", torch.float32), ("bf16", torch.bfloat16)], ids=["tf32", "bf16-model"]
+)
+def test_gemm_paths(precision: str, dtype: torch.dtype, path: str) -> None:
+    a = torch.randn(4, 250, 512, device="cuda").to(dtype)
+    out, ref = run_gemm(a, 1024, Epilogue(Activation.SILU, residual=Residual.AFTER_ACT, scale=0.5), precision, path)
+    assert_close(out, ref, precision, path)
+
+
+def test_gemm_permuted_3d_input() -> None:
+    a = torch.randn(3, 512, 200, device="cuda").transpose(1, 2)
+    out, ref = run_gemm(a, 300, Epilogue(Activation.RELU), "tf32")
+    assert_close(out, ref, "tf32", "permuted 3-D A")
+
+
+MMA = re.compile(r"\b(wgmma\.mma_async|mma\.sync)\b")
+
+
+def compiled_ptx(monkeypatch: pytest.MonkeyPatch, module, call) -> list[str]:
+    seen = []
+    real = module.launch
+
+    def recording(*args, **kwargs):
+        compiled = real(*args, **kwargs)
+        seen.append(compiled)
+        return compiled
+
+    monkeypatch.setattr(module, "launch", recording)
+    call()
+    monkeypatch.setattr(module, "launch", real)
+    assert seen, "no kernel was launched"
+    return [k.asm["ptx"] for k in seen]
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16", "fp16", "ieee"])
+def test_tensor_cores_in_ptx(monkeypatch: pytest.MonkeyPatch, precision: str) -> None:
+    """tf32 / bf16 / fp16 must compile to tensor-core MMA (wgmma or mma); ieee to none (FMA only)."""
+    x = torch.randn(2, 64, 30, 30, device="cuda").to(memory_format=torch.channels_last)
+    w = pack_conv_weight(torch.randn(64, 64, 3, 3, device="cuda"), precision)
+    a = torch.randn(256, 512, device="cuda")
+    wg = pack_gemm_weight(torch.randn(384, 512, device="cuda"), precision)
+    ptx = compiled_ptx(monkeypatch, conv, lambda: conv2d_act(x, w, padding=1))
+    ptx += compiled_ptx(monkeypatch, gemm, lambda: gemm_act(a, wg))
+    for text in ptx:
+        found = MMA.findall(text)
+        if precision == "ieee":
+            assert not found, f"ieee kernel uses tensor cores: {set(found)}"
+        else:
+            assert found, f"{precision} kernel has no wgmma / mma instruction"
+
+
+def test_autotune_cache_on_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real first call measures and writes; a new process (memory dropped) reads without measuring;
+    a corrupt file is measured again and rewritten."""
+    monkeypatch.setenv("FUSER_AUTOTUNE", "1")
+    set_cache_dir(tmp_path)
+    try:
+        a = torch.randn(300, 512, device="cuda")
+        w = pack_gemm_weight(torch.randn(640, 512, device="cuda"), "tf32")
+        first = gemm_act(a, w, epilogue=Epilogue(Activation.SILU))
+        files = list(tmp_path.glob("gemm_act-*.json"))
+        assert len(files) == 1
+        entry = json.loads(files[0].read_text())
+        assert sum(t is not None for _, t in entry["timings_ms"]) >= 2
+
+        measured = []
+        real_bench = autotune.do_bench_ms
+        monkeypatch.setattr(autotune, "do_bench_ms", lambda fn: measured.append(1) or real_bench(fn))
+        set_cache_dir(tmp_path)
+        second = gemm_act(a, w, epilogue=Epilogue(Activation.SILU))
+        assert measured == []
+        torch.testing.assert_close(first, second)
+
+        files[0].write_text("\x00garbage")
+        set_cache_dir(tmp_path)
+        gemm_act(a, w, epilogue=Epilogue(Activation.SILU))
+        assert measured, "a corrupt entry must be measured again"
+        assert json.loads(files[0].read_text())["key"] == entry["key"]  # rewritten, readable again
+    finally:
+        set_cache_dir(None)
