@@ -1,0 +1,337 @@
+"""Shape and data-movement ops imported from ONNX match onnxruntime, and shape arithmetic follows the
+batch size at run time (each graph runs at two batch sizes)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from onnx import TensorProto, helper
+from onnx_testing import INT64, call_targets, check_import, const, info, make_model, single_op
+
+SHAPE = ["N", 6, 5, 7]
+
+
+# -- Shape, Gather ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "opset, attrs", [(13, {}), (15, {"start": 1}), (15, {"start": -2, "end": -1}), (19, {"end": 2})]
+)
+def test_shape(opset: int, attrs: dict) -> None:
+    model = single_op("Shape", [SHAPE], opset=opset, output_dtype=INT64, **attrs)
+    check_import(model, f"Shape {attrs}")
+
+
+GATHER_INDICES = {
+    "scalar": np.int64(2),
+    "negative-scalar": np.int64(-1),
+    "vector": np.array([4, 0, 2, 2], np.int64),
+    "negative-vector": np.array([-1, 0, -3], np.int64),
+    "matrix": np.array([[1, 0], [3, -2]], np.int64),
+}
+
+
+@pytest.mark.parametrize("axis", [1, 2, -1])
+@pytest.mark.parametrize("case", list(GATHER_INDICES))
+def test_gather_constant_indices(case: str, axis: int) -> None:
+    model = single_op(
+        "Gather", [SHAPE], opset=13, initializers=[const("i", GATHER_INDICES[case])], extra_inputs=["i"], axis=axis
+    )
+    check_import(model, f"Gather {case} axis {axis}")
+
+
+def test_gather_embedding() -> None:
+    """Constant table, run-time token ids: the embedding lookup of a transformer's ONNX export."""
+    table = const("table", np.random.default_rng(0).standard_normal((11, 19)).astype(np.float32))
+    node = helper.make_node("Gather", ["table", "ids"], ["y"], axis=0)
+    model = make_model([node], [info("ids", ["N", 7], INT64)], [info("y", None)], [table], opset=13)
+    # random_feeds draws ids in [-5, 5]: negative ids index from the end, as in onnxruntime.
+    check_import(model, "Gather embedding")
+
+
+def test_shape_gather_as_output() -> None:
+    """Shape -> Gather -> output: a run-time shape vector leaves the graph as an int64 tensor."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "idx"], ["y"], axis=0),
+    ]
+    model = make_model(nodes, [info("x", SHAPE)], [info("y", None, INT64)], [const("idx", [3, 0])], opset=13)
+    check_import(model, "Shape/Gather output")
+
+
+# -- Reshape and the shape arithmetic torch exports ------------------------------------------------
+
+
+def test_reshape_to_batch_minus_one() -> None:
+    """``x.view(x.size(0), -1)`` as torch exports it: Shape, Gather, Unsqueeze, Concat, Reshape."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["b"], axis=0),
+        helper.make_node("Unsqueeze", ["b", "axes0"], ["b1"]),
+        helper.make_node("Concat", ["b1", "minus1"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["y"]),
+    ]
+    inits = [const("zero", np.int64(0)), const("axes0", [0]), const("minus1", [-1])]
+    model = make_model(nodes, [info("x", SHAPE)], [info("y", ["N", 210])], inits, opset=13)
+    module = check_import(model, "view(size(0), -1)")
+    assert torch.reshape in call_targets(module)
+    assert "size" in call_targets(module), "the batch size must be read at run time"
+
+
+def test_torch_expand_pattern() -> None:
+    """``cls.expand(x.size(0), -1, -1)`` as torch exports it, with ConstantOfShape, Mul, Equal, Where."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["b"], axis=0),
+        helper.make_node("Unsqueeze", ["b", "axes0"], ["b1"]),
+        helper.make_node("Concat", ["b1", "minus1", "minus1"], ["sizes"], axis=0),
+        helper.make_node("Shape", ["sizes"], ["len"]),
+        helper.make_node("ConstantOfShape", ["len"], ["ones"], value=helper.make_tensor("v", INT64, [1], [1])),
+        helper.make_node("Mul", ["ones", "neg"], ["neg_ones"]),
+        helper.make_node("Equal", ["sizes", "neg_ones"], ["is_neg"]),
+        helper.make_node("Where", ["is_neg", "ones", "sizes"], ["target"]),
+        helper.make_node("Expand", ["cls", "target"], ["tok"]),
+        helper.make_node("Concat", ["tok", "x"], ["y"], axis=1),
+    ]
+    inits = [
+        const("zero", np.int64(0)),
+        const("axes0", [0]),
+        const("minus1", [-1]),
+        const("neg", np.int64(-1)),
+        const("cls", np.random.default_rng(1).standard_normal((1, 1, 7)).astype(np.float32)),
+    ]
+    model = make_model(nodes, [info("x", ["N", 5, 7])], [info("y", None)], inits, opset=13)
+    module = check_import(model, "expand(b, -1, -1)")
+    targets = call_targets(module)
+    assert "expand" in targets and torch.where not in targets, "the shape arithmetic should fold away"
+
+
+@pytest.mark.parametrize(
+    "shape, opset, allowzero",
+    [([0, 35, 6], 13, 0), ([-1, 7], 13, 0), ([0, -1, 5, 7], 14, 0), ([-1, 6, 35], 14, 1), ([0, 3, 2, -1], 19, 0)],
+)
+def test_reshape_constant(shape: list, opset: int, allowzero: int) -> None:
+    """0 copies the input's size there (here the batch), unless allowzero=1."""
+    attrs = {"allowzero": allowzero} if opset >= 14 else {}
+    model = single_op("Reshape", [SHAPE], opset=opset, initializers=[const("s", shape)], extra_inputs=["s"], **attrs)
+    check_import(model, f"Reshape {shape}")
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, 4, -1, -3])
+def test_flatten(axis: int) -> None:
+    check_import(single_op("Flatten", [SHAPE], opset=13, axis=axis), f"Flatten axis {axis}")
+
+
+@pytest.mark.parametrize("perm", [[0, 2, 3, 1], [3, 1, 0, 2], None])
+def test_transpose(perm: list | None) -> None:
+    attrs = {"perm": perm} if perm is not None else {}
+    check_import(single_op("Transpose", [SHAPE], opset=13, **attrs), f"Transpose {perm}")
+
+
+# -- Concat, Split, Slice --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("axis", [1, -1, 3])
+def test_concat_with_constant(axis: int) -> None:
+    other = [1, 6, 5, 2] if axis in (-1, 3) else [1, 2, 5, 7]
+    nodes = [
+        helper.make_node("Expand", ["c", "shape_like"], ["cb"]),
+        helper.make_node("Concat", ["x", "x", "cb"], ["y"], axis=axis),
+    ]
+    c = const("c", np.random.default_rng(2).standard_normal(other).astype(np.float32))
+    model = make_model(
+        [
+            helper.make_node("Shape", ["x"], ["xs"]),
+            helper.make_node("Slice", ["xs", "z", "one"], ["b"]),
+            helper.make_node("Concat", ["b", "rest"], ["shape_like"], axis=0),
+            *nodes,
+        ],
+        [info("x", SHAPE)],
+        [info("y", None)],
+        [c, const("z", [0]), const("one", [1]), const("rest", other[1:])],
+        opset=13,
+    )
+    check_import(model, f"Concat axis {axis}")
+
+
+SPLIT_CASES = {
+    "attr-sizes": dict(opset=11, attrs={"split": [1, 2, 3], "axis": 1}, sizes=None, outputs=3),
+    "attr-equal": dict(opset=11, attrs={"axis": 1}, sizes=None, outputs=3),
+    "input-sizes": dict(opset=13, attrs={"axis": -1}, sizes=[2, 4, 1], outputs=3),
+    "input-equal": dict(opset=13, attrs={"axis": 1}, sizes=None, outputs=2),
+    "num-outputs-uneven": dict(opset=18, attrs={"axis": -1, "num_outputs": 3}, sizes=None, outputs=3),
+    "num-outputs-even": dict(opset=18, attrs={"axis": 1, "num_outputs": 2}, sizes=None, outputs=2),
+}
+
+
+@pytest.mark.parametrize("case", list(SPLIT_CASES))
+def test_split(case: str) -> None:
+    spec = SPLIT_CASES[case]
+    inits = [const("split", spec["sizes"])] if spec["sizes"] else []
+    model = single_op(
+        "Split",
+        [SHAPE],
+        opset=spec["opset"],
+        initializers=inits,
+        extra_inputs=["split"] if inits else [],
+        outputs=spec["outputs"],
+        **spec["attrs"],
+    )
+    check_import(model, f"Split {case}")
+
+
+SLICE_CASES = {
+    "basic": ([1], [4], [1], None),
+    "two-axes": ([1, 0], [-1, 3], [3, 1], None),
+    "steps": ([0, 1], [7, 6], [3, 1], [2, 3]),
+    "clamped": ([-100], [100], [2], None),
+    "to-end": ([2], [2**63 - 1], [-1], None),
+    "reverse": ([-1], [-(2**63)], [1], [-1]),
+    "reverse-step2": ([4], [0], [3], [-2]),
+    "reverse-clamped": ([100], [-100], [-1], [-3]),
+    "negative-axes": ([1, 0], [3, 2], [-1, -2], None),
+}
+
+
+@pytest.mark.parametrize("opset", [10, 13])
+@pytest.mark.parametrize("case", list(SLICE_CASES))
+def test_slice(case: str, opset: int) -> None:
+    starts, ends, axes, steps = SLICE_CASES[case]
+    inits = [const("starts", starts), const("ends", ends), const("axes", axes)]
+    extra = ["starts", "ends", "axes"]
+    if steps is not None:
+        inits.append(const("steps", steps))
+        extra.append("steps")
+    model = single_op("Slice", [SHAPE], opset=opset, initializers=inits, extra_inputs=extra)
+    check_import(model, f"Slice {case}")
+
+
+def test_slice_with_run_time_end() -> None:
+    """x[:, :, :h - 1] with h read from the shape: the end is a run-time size."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "two"], ["h"], axis=0),
+        helper.make_node("Sub", ["h", "one"], ["h1"]),
+        helper.make_node("Unsqueeze", ["h1", "axes0"], ["end"]),
+        helper.make_node("Slice", ["x", "zero", "end", "axes2"], ["y"]),
+    ]
+    inits = [
+        const("two", np.int64(2)),
+        const("one", np.int64(1)),
+        const("axes0", [0]),
+        const("zero", [0]),
+        const("axes2", [2]),
+    ]
+    check_import(make_model(nodes, [info("x", SHAPE)], [info("y", None)], inits, opset=13), "Slice run-time end")
+
+
+# -- Squeeze, Unsqueeze, Expand --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("opset", [11, 13, 21])
+@pytest.mark.parametrize("axes", [[1], [-1, 1], None])
+def test_squeeze(axes: list | None, opset: int) -> None:
+    shape = ["N", 1, 5, 1]
+    out = {1: ["N", 5, 1], 2: ["N", 5]}[len(axes)] if axes else ["N", 5]
+    if opset < 13:
+        attrs = {"axes": axes} if axes else {}
+        model = single_op("Squeeze", [shape], opset=opset, output_shape=out, **attrs)
+    else:
+        inits = [const("axes", axes)] if axes else []
+        extra = ["axes"] if axes else []
+        model = single_op("Squeeze", [shape], opset=opset, initializers=inits, extra_inputs=extra, output_shape=out)
+    check_import(model, f"Squeeze {axes} opset {opset}")
+
+
+@pytest.mark.parametrize("opset", [11, 13, 21])
+@pytest.mark.parametrize("axes", [[1], [0, 4], [-1], [-1, 1]])
+def test_unsqueeze(axes: list, opset: int) -> None:
+    shape = ["N", 5, 3]
+    if opset < 13:
+        model = single_op("Unsqueeze", [shape], opset=opset, axes=axes)
+    else:
+        model = single_op("Unsqueeze", [shape], opset=opset, initializers=[const("axes", axes)], extra_inputs=["axes"])
+    check_import(model, f"Unsqueeze {axes} opset {opset}")
+
+
+@pytest.mark.parametrize(
+    "x_shape, target",
+    [(["N", 1, 5], [1, 7, 1]), (["N", 1, 5], [3, 1, 7, 5]), ([1, 5], [4, 1]), (["N", 3, 1, 5], [2, 1])],
+    ids=["keep-batch", "new-leading", "broadcast-batchless", "short-shape"],
+)
+def test_expand_constant_shape(x_shape: list, target: list) -> None:
+    if "N" not in x_shape:
+        node = helper.make_node("Expand", ["c", "t"], ["e"])
+        add = helper.make_node("Add", ["e", "x"], ["y"])
+        c = const("c", np.random.default_rng(3).standard_normal(x_shape).astype(np.float32))
+        model = make_model([node, add], [info("x", ["N", 4, 5])], [info("y", None)], [c, const("t", target)], 13)
+    else:
+        model = single_op("Expand", [x_shape], opset=13, initializers=[const("t", target)], extra_inputs=["t"])
+    check_import(model, f"Expand {x_shape} to {target}")
+
+
+# -- Constant, ConstantOfShape, Range, Cast on shapes ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"value": helper.make_tensor("v", TensorProto.FLOAT, [7], np.linspace(-1, 1, 7))},
+        {"value_float": 0.625},
+        {"value_floats": [0.5, -1.5, 2.0, 0.25, 1.0, 3.0, -2.0]},
+    ],
+    ids=["tensor", "float", "floats"],
+)
+def test_constant(attrs: dict) -> None:
+    nodes = [helper.make_node("Constant", [], ["c"], **attrs), helper.make_node("Mul", ["x", "c"], ["y"])]
+    check_import(make_model(nodes, [info("x", SHAPE)], [info("y", None)], opset=13), f"Constant {list(attrs)}")
+
+
+@pytest.mark.parametrize("opset", [13, 20, 21])
+def test_constant_of_shape_from_run_time_shape(opset: int) -> None:
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("ConstantOfShape", ["s"], ["c"], value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.5])),
+        helper.make_node("Sub", ["x", "c"], ["y"]),
+        helper.make_node("Constant", [], ["ints"], value_ints=[2, 3]),
+        helper.make_node("ConstantOfShape", ["ints"], ["y1"], value=helper.make_tensor("w", INT64, [1], [7])),
+    ]
+    outputs = [info("y", None), info("y1", None, INT64)]
+    check_import(make_model(nodes, [info("x", SHAPE)], outputs, opset=opset), "ConstantOfShape")
+
+
+def test_range_from_run_time_size() -> None:
+    """arange(batch) and arange(0.5, width, 1.5) with sizes read at run time (detector anchor grids)."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["b"], axis=0),
+        helper.make_node("Range", ["zero", "b", "one"], ["y0"]),
+        helper.make_node("Gather", ["s", "three"], ["w"], axis=0),
+        helper.make_node("Cast", ["w"], ["wf"], to=TensorProto.FLOAT),
+        helper.make_node("Range", ["half", "wf", "step"], ["y1"]),
+    ]
+    inits = [
+        const("zero", np.int64(0)),
+        const("one", np.int64(1)),
+        const("three", np.int64(3)),
+        const("half", np.float32(0.5)),
+        const("step", np.float32(1.5)),
+    ]
+    outputs = [info("y0", None, INT64), info("y1", None)]
+    module = check_import(make_model(nodes, [info("x", SHAPE)], outputs, inits, opset=13), "Range")
+    assert torch.arange in call_targets(module)
+
+
+def test_shape_arithmetic_div_mul_cast() -> None:
+    """Reshape to (b, c // 2, 2 * h, w): integer Div and Mul on run-time sizes."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Div", ["s", "div"], ["d"]),
+        helper.make_node("Mul", ["d", "mul"], ["m"]),
+        helper.make_node("Cast", ["m"], ["shape"], to=INT64),
+        helper.make_node("Reshape", ["x", "shape"], ["y"]),
+    ]
+    inits = [const("div", [1, 2, 1, 1]), const("mul", [1, 1, 2, 1])]
+    model = make_model(nodes, [info("x", SHAPE)], [info("y", ["N", 3, 10, 7])], inits, opset=13)
+    check_import(model, "shape arithmetic")
