@@ -16,11 +16,10 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch import nn
-from torch.fx.passes.shape_prop import ShapeProp
 
 from fuser import ops
 from fuser.canonicalize import canonicalize
-from fuser.capture import Capture, CapturedGraph, capture, install, record_inputs
+from fuser.capture import Capture, CapturedGraph, capture, install, propagate_shapes
 from fuser.chain import Chain
 from fuser.graph_ops import CONV_ARGS, CONV_DEFAULTS, bind, constant_tensor
 from fuser.kernels.precision import Precision
@@ -161,7 +160,7 @@ def _run_pipeline(
     captured = _capture(working)
     if inputs is not None:
         try:
-            record_inputs(working, captured.graphs, inputs)
+            propagate_shapes(working, captured.graphs, inputs)
         except Exception as error:
             raise ValueError(
                 f"the model raised {type(error).__name__} on the example inputs ({_describe_inputs(inputs)}): {error}"
@@ -169,9 +168,6 @@ def _run_pipeline(
     report = FusionReport(untraced=captured.untraced, precision=policy.value, backend=backend)
     root = working
     for graph in captured.graphs:
-        if graph.example_inputs is not None:
-            with torch.no_grad():
-                ShapeProp(graph.gm).propagate(*graph.example_inputs)
         canonicalize(graph.gm)
         result = find_chains(graph.gm, graph.path)
         report.entries += [ChainReport.from_chain(c, True, kernel=_kernel_for(c, graph.gm)) for c in result.accepted]

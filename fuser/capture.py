@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch import nn
+from torch.fx.passes.shape_prop import ShapeProp
 
 
 @dataclass(frozen=True)
@@ -126,22 +127,38 @@ def capture(model: nn.Module) -> Capture:
     return result
 
 
-def record_inputs(model: nn.Module, graphs: list[CapturedGraph], example_inputs: tuple[Any, ...]) -> Any:
-    """Run ``model`` once on ``example_inputs``; store each traced module's first inputs; return the output."""
-    handles = []
+def propagate_shapes(model: nn.Module, graphs: list[CapturedGraph], example_inputs: tuple[Any, ...]) -> None:
+    """Run ``model`` once on ``example_inputs``, recording shapes and dtypes on every traced graph's nodes.
+
+    Each traced module runs its graph through torch.fx's ShapeProp for its first call, so this one forward
+    pass is at once the check that the model accepts the inputs and the shape propagation. Exceptions
+    propagate to the caller.
+    """
+    if len(graphs) == 1 and graphs[0].path == "":
+        with torch.no_grad():
+            ShapeProp(graphs[0].gm).propagate(*example_inputs)
+        graphs[0].example_inputs = example_inputs
+        return
+    patched = []
     for g in graphs:
 
-        def hook(module: nn.Module, args: tuple, g: CapturedGraph = g) -> None:
-            if g.example_inputs is None:
-                g.example_inputs = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+        def forward(*args: Any, g: CapturedGraph = g, **kwargs: Any) -> Any:
+            if g.example_inputs is None and not kwargs:
+                g.example_inputs = args
+                return ShapeProp(g.gm).propagate(*args)
+            return g.gm(*args, **kwargs)
 
-        handles.append(g.module.register_forward_pre_hook(hook))
+        patched.append((g.module, g.module.__dict__.get("forward")))
+        object.__setattr__(g.module, "forward", forward)
     try:
         with torch.no_grad():
-            return model(*example_inputs)
+            model(*example_inputs)
     finally:
-        for h in handles:
-            h.remove()
+        for module, previous in patched:
+            if previous is None:
+                del module.__dict__["forward"]
+            else:
+                module.__dict__["forward"] = previous
 
 
 def install(capture: Capture, graph: CapturedGraph, optimized: fx.GraphModule) -> nn.Module:

@@ -126,11 +126,10 @@ def conv2d_reference(
     x_, w_ = _round_operands(precision, x, weight)
     top, bottom, left, right = padding
     if top == bottom and left == right:
-        y = F.conv2d(x_, w_, None, tuple(stride), (top, left), tuple(dilation), groups)
+        y = F.conv2d(x_, w_, bias, tuple(stride), (top, left), tuple(dilation), groups)
     else:
-        y = F.conv2d(F.pad(x_, (left, right, top, bottom)), w_, None, tuple(stride), 0, tuple(dilation), groups)
-    b = bias.reshape(-1, 1, 1) if bias is not None else None
-    return apply_epilogue_torch(y, b, epilogue, residual)
+        y = F.conv2d(F.pad(x_, (left, right, top, bottom)), w_, bias, tuple(stride), 0, tuple(dilation), groups)
+    return apply_epilogue_torch(y, None, epilogue, residual)  # the bias went into the conv: one op fewer
 
 
 def gemm_reference(
@@ -143,7 +142,16 @@ def gemm_reference(
 ) -> torch.Tensor:
     """``epilogue(a @ weight.T + bias)`` in plain torch."""
     a_, w_ = _round_operands(precision, a, weight)
-    return apply_epilogue_torch(F.linear(a_, w_), bias, epilogue, residual)
+    return apply_epilogue_torch(F.linear(a_, w_, bias), None, epilogue, residual)
+
+
+def _as_output(y: torch.Tensor, dtype: torch.dtype, memory_format: torch.memory_format) -> torch.Tensor:
+    """``y`` in the op's promised dtype and layout, copying only when it is not already so."""
+    if y.dtype != dtype:
+        y = y.to(dtype)
+    if not y.is_contiguous(memory_format=memory_format):
+        y = y.contiguous(memory_format=memory_format)
+    return y
 
 
 def _epilogue(act: int, alpha: float, residual_mode: int, scale: float) -> Epilogue:
@@ -206,7 +214,7 @@ def conv2d_act(
         if out is not None:
             return out
     y = conv2d_reference(x, weight, bias, residual, stride, padding, dilation, groups, epilogue, policy)
-    return y.to(x.dtype).contiguous(memory_format=conv_output_memory_format(x, backend))
+    return _as_output(y, x.dtype, conv_output_memory_format(x, backend))
 
 
 @conv2d_act.register_fake
@@ -261,7 +269,7 @@ def gemm_act(
         )
         if out is not None:
             return out
-    return gemm_reference(a, weight, bias, residual, epilogue, policy).to(a.dtype).contiguous()
+    return _as_output(gemm_reference(a, weight, bias, residual, epilogue, policy), a.dtype, torch.contiguous_format)
 
 
 @gemm_act.register_fake

@@ -65,6 +65,15 @@ class ChainReport:
 
 
 def compact_paths(paths: list[str]) -> str:
+    """``a.b.{conv,bn,act}`` for paths under one parent; a path that is a parent of the others (the module
+    whose forward does the residual add) is named after them: ``a.b.cv2.{conv,bn,act} + add in a.b``."""
+    parents = [p for p in paths if any(q.startswith(p + ".") for q in paths)]
+    leaves = [p for p in paths if p not in parents]
+    text = _compact(leaves)
+    return text + "".join(f" + add in {p}" for p in parents)
+
+
+def _compact(paths: list[str]) -> str:
     if len(paths) <= 1:
         return paths[0] if paths else ""
     split = [p.split(".") for p in paths]
