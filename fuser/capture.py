@@ -12,13 +12,15 @@ checks) runs exactly as before.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.fx as fx
 from torch import nn
-from torch.fx.passes.shape_prop import ShapeProp
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 
 @dataclass(frozen=True)
@@ -130,35 +132,65 @@ def capture(model: nn.Module) -> Capture:
 def propagate_shapes(model: nn.Module, graphs: list[CapturedGraph], example_inputs: tuple[Any, ...]) -> None:
     """Run ``model`` once on ``example_inputs``, recording shapes and dtypes on every traced graph's nodes.
 
-    Each traced module runs its graph through torch.fx's ShapeProp for its first call, so this one forward
-    pass is at once the check that the model accepts the inputs and the shape propagation. Exceptions
-    propagate to the caller.
+    Each traced module runs its graph through a shape recorder for its first call, so this one forward
+    pass is at once the check that the model accepts the inputs and the shape propagation. It runs on fake
+    tensors first (shapes only, no arithmetic: optimize stays fast on large inputs); a model that does not
+    run on fake tensors (data-dependent shapes, ops without a meta kernel) is run for real. An exception
+    from the real run propagates to the caller: the model rejects these inputs.
     """
-    if len(graphs) == 1 and graphs[0].path == "":
-        with torch.no_grad():
-            ShapeProp(graphs[0].gm).propagate(*example_inputs)
-        graphs[0].example_inputs = example_inputs
-        return
-    patched = []
+    try:
+        _run_with_shape_prop(model, graphs, example_inputs, fake=True)
+    except Exception:
+        for g in graphs:
+            g.example_inputs = None
+            for node in g.gm.graph.nodes:
+                node.meta.pop("tensor_meta", None)
+        _run_with_shape_prop(model, graphs, example_inputs, fake=False)
+
+
+class _ShapeRecorder(fx.Interpreter):
+    """Runs a graph and stores each tensor result's shape, dtype and layout in ``node.meta["tensor_meta"]``.
+
+    torch.fx's ShapeProp does the same but deep-copies the whole module when a fake mode is active.
+    """
+
+    def run_node(self, n: fx.Node) -> Any:
+        result = super().run_node(n)
+        if isinstance(result, torch.Tensor):
+            n.meta["tensor_meta"] = _extract_tensor_metadata(result)
+        return result
+
+
+def _run_with_shape_prop(model: nn.Module, graphs: list[CapturedGraph], inputs: tuple[Any, ...], fake: bool) -> None:
+    saved = [(m, dict(m.__dict__)) for m in model.modules()]  # a forward may cache what it computes
+    patched = set()
     for g in graphs:
+        if g.path == "":
+            continue
 
         def forward(*args: Any, g: CapturedGraph = g, **kwargs: Any) -> Any:
             if g.example_inputs is None and not kwargs:
                 g.example_inputs = args
-                return ShapeProp(g.gm).propagate(*args)
+                return _ShapeRecorder(g.gm).run(*args)
             return g.gm(*args, **kwargs)
 
-        patched.append((g.module, g.module.__dict__.get("forward")))
         object.__setattr__(g.module, "forward", forward)
+        patched.add(id(g.module))
     try:
-        with torch.no_grad():
-            model(*example_inputs)
-    finally:
-        for module, previous in patched:
-            if previous is None:
-                del module.__dict__["forward"]
+        with torch.no_grad(), contextlib.ExitStack() as stack:
+            if fake:
+                mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+                inputs = tuple(mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in inputs)
+            if len(graphs) == 1 and graphs[0].path == "":
+                graphs[0].example_inputs = inputs
+                _ShapeRecorder(graphs[0].gm).run(*inputs)
             else:
-                module.__dict__["forward"] = previous
+                model(*inputs)
+    finally:
+        for m, attributes in saved:
+            if id(m) in patched or m.__dict__ != attributes:
+                m.__dict__.clear()
+                m.__dict__.update(attributes)
 
 
 def install(capture: Capture, graph: CapturedGraph, optimized: fx.GraphModule) -> nn.Module:

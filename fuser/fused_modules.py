@@ -34,8 +34,9 @@ class _FusedBase(nn.Module):
         source: str,
     ) -> None:
         super().__init__()
-        self.register_buffer("weight", weight.detach().clone())
-        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        # Never written in place, so the folded (new) tensors are kept as they are, not copied again.
+        self.register_buffer("weight", weight.detach())
+        self.register_buffer("bias", None if bias is None else bias.detach())
         self.epilogue = epilogue
         self.precision = Precision.parse(precision)
         self.backend = ops.check_backend(backend)
