@@ -190,18 +190,14 @@ class GraphBuilder:
         """
         kwargs = kwargs or {}
         if not _is_runtime((args, kwargs)):
-            cargs, ckwargs = _map_args(
-                (args, kwargs), lambda v: v.to_tensor() if isinstance(v, ShapeValue) else v
-            )
+            cargs, ckwargs = _map_args((args, kwargs), lambda v: v.to_tensor() if isinstance(v, ShapeValue) else v)
             with torch.no_grad():
                 if kind == "call_method":
                     return getattr(cargs[0], target)(*cargs[1:], **ckwargs)
                 return target(*cargs, **ckwargs)
         gargs, gkwargs = _map_args(
             (args, kwargs),
-            lambda v: (
-                self.as_node(v, self.current_output) if isinstance(v, (torch.Tensor, ShapeValue)) else v
-            ),
+            lambda v: self.as_node(v, self.current_output) if isinstance(v, (torch.Tensor, ShapeValue)) else v,
         )
         return self._create(kind, target, gargs, gkwargs)
 
@@ -284,10 +280,7 @@ class NodeContext:
         self.attrs = {a.name: _attribute_value(a) for a in node.attribute}
 
     def describe(self) -> str:
-        return (
-            f"ONNX node {self.name!r} ({domain_label(self.node.domain)}::{self.node.op_type}, "
-            f"opset {self.opset})"
-        )
+        return f"ONNX node {self.name!r} ({domain_label(self.node.domain)}::{self.node.op_type}, opset {self.opset})"
 
     def unsupported(self, what: str) -> NotImplementedError:
         """The error to raise for a form of this op that is not converted."""

@@ -96,9 +96,7 @@ def slice_(ctx: NodeContext) -> Any:
     axes = ctx.constant_ints(3, "axes") or list(range(n))
     steps = ctx.constant_ints(4, "steps") or [1] * n
     if not (len(ends.items) == len(axes) == len(steps) == n):
-        raise ctx.invalid(
-            f"starts, ends, axes, steps of lengths {n}, {len(ends.items)}, {len(axes)}, {len(steps)}"
-        )
+        raise ctx.invalid(f"starts, ends, axes, steps of lengths {n}, {len(ends.items)}, {len(axes)}, {len(steps)}")
     if 0 in steps:
         raise ctx.invalid("a step of 0")
     if isinstance(x, ShapeValue) and not x.scalar and starts.is_constant and ends.is_constant:
@@ -115,9 +113,17 @@ def slice_(ctx: NodeContext) -> Any:
         if isinstance(start, fx.Node) or isinstance(end, fx.Node):
             raise ctx.unsupported("a negative step with starts or ends computed at run time")
         # Index i of the axis is index n-1-i of the flipped axis; as Python negative indices that is
-        # -(i+1), and the slice bounds follow (clamping included, except for a start below -size).
+        # -(i+1), and Python's clamping of the bounds matches ONNX's, except for a start below -n:
+        # ONNX clamps it to the first element, which is n-1 in the flipped axis.
+        first: Any = -(start + 1)
+        if start < 0:
+            dims = ctx.static_shape(0)
+            if dims is not None and dims[axis] is not None:
+                first = min(first, dims[axis] - 1)
+            else:
+                first = ctx.call(min, first, ctx.call(operator.sub, ctx.size(x, axis), 1))
         flips.append(axis)
-        key[axis] = slice(-(start + 1), -(end + 1), None if step == -1 else -step)
+        key[axis] = slice(first, -(end + 1), None if step == -1 else -step)
     if flips:
         x = ctx.call(torch.flip, x, flips)
     return ctx.call(operator.getitem, x, tuple(key))

@@ -47,9 +47,7 @@ def export_onnx(
         raise TypeError("export_onnx expects example_inputs as a tuple of tensors")
     path = Path(path)
     if path.is_dir():
-        raise IsADirectoryError(
-            f"export_onnx: {path} is a folder; give a file path such as {path / 'model.onnx'}"
-        )
+        raise IsADirectoryError(f"export_onnx: {path} is a folder; give a file path such as {path / 'model.onnx'}")
     if not path.parent.is_dir():
         raise FileNotFoundError(f"export_onnx: folder {path.parent} does not exist")
     opset = DEFAULT_OPSET if opset is None else int(opset)

@@ -75,8 +75,7 @@ def _load(model: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.ModelProto, 
         proto = onnx.load(str(path), load_external_data=False)
     except DecodeError as e:
         raise OnnxModelError(
-            f"{path}: not a valid ONNX model: the protobuf does not parse ({e}); the file is truncated or "
-            "not ONNX"
+            f"{path}: not a valid ONNX model: the protobuf does not parse ({e}); the file is truncated or not ONNX"
         ) from None
     if proto.ir_version == 0 or not proto.HasField("graph"):
         raise OnnxModelError(f"{path}: not an ONNX model (no IR version or no graph in the protobuf)")
@@ -108,8 +107,7 @@ def _check_external_data(tensor: onnx.TensorProto, path: Path) -> None:
     data = path.parent / info.location
     if not data.is_file():
         raise FileNotFoundError(
-            f"{path}: external data file {info.location!r} of initializer {tensor.name!r} not found "
-            f"(looked for {data})"
+            f"{path}: external data file {info.location!r} of initializer {tensor.name!r} not found (looked for {data})"
         )
     end = (info.offset or 0) + (info.length or 0)
     if end > data.stat().st_size:
@@ -135,9 +133,7 @@ def _require_converters(graph: onnx.GraphProto, opsets: dict[str, int], source: 
         return
     parts = []
     for (domain, op_type, opset), names in missing.items():
-        shown = ", ".join(repr(n) for n in names[:3]) + (
-            f" and {len(names) - 3} more" if len(names) > 3 else ""
-        )
+        shown = ", ".join(repr(n) for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         parts.append(f"op {op_type!r} of domain {domain_label(domain)!r} at opset {opset} (node {shown})")
     raise NotImplementedError(f"{source}: no converter for " + "; ".join(parts))
 

@@ -107,9 +107,7 @@ class ConverterRegistry:
 
     def entries(self) -> list[ConverterEntry]:
         """Every registered entry, sorted by (domain, op_type, first opset)."""
-        return sorted(
-            (e for es in self._entries.values() for e in es), key=lambda e: (e.domain, e.op_type, e.first)
-        )
+        return sorted((e for es in self._entries.values() for e in es), key=lambda e: (e.domain, e.op_type, e.first))
 
 
 # The registry the importer uses; the converter modules register into it when imported.

@@ -190,6 +190,7 @@ SLICE_CASES = {
     "reverse": ([-1], [-(2**63)], [1], [-1]),
     "reverse-step2": ([4], [0], [3], [-2]),
     "reverse-clamped": ([100], [-100], [-1], [-3]),
+    "reverse-start-below-size": ([-100, -9], [-200, 0], [1, 0], [-1, -1]),
     "negative-axes": ([1, 0], [3, 2], [-1, -2], None),
 }
 
@@ -205,6 +206,16 @@ def test_slice(case: str, opset: int) -> None:
         extra.append("steps")
     model = single_op("Slice", [SHAPE], opset=opset, initializers=inits, extra_inputs=extra)
     check_import(model, f"Slice {case}")
+
+
+def test_slice_of_a_shape_vector() -> None:
+    """Slices of Shape(x) run at import time on the size entries, clamping like ONNX."""
+    nodes, inits, outputs = [helper.make_node("Shape", ["x"], ["s"])], [], []
+    for k, (start, end, step) in enumerate([(1, 3, 1), (-1, -100, -1), (-100, -200, -1), (100, 0, -2), (0, 9, 2)]):
+        inits += [const(f"b{k}", [start]), const(f"e{k}", [end]), const(f"a{k}", [0]), const(f"t{k}", [step])]
+        nodes.append(helper.make_node("Slice", ["s", f"b{k}", f"e{k}", f"a{k}", f"t{k}"], [f"y{k}"]))
+        outputs.append(info(f"y{k}", None, INT64))
+    check_import(make_model(nodes, [info("x", SHAPE)], outputs, inits, opset=13), "Slice of Shape")
 
 
 def test_slice_with_run_time_end() -> None:
