@@ -8,8 +8,11 @@ nodes, Gemm or MatMul + Add + activation, and no BatchNormalization for a folded
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +58,7 @@ def export_onnx(
     # Imported here: fuser.ops loads the kernels, which a plain ``import fuser.onnx`` should not.
     from fuser.ops import decomposed
 
-    with decomposed(), torch.no_grad():
+    with decomposed(), torch.no_grad(), _eval_mode(module):
         outputs = module(*example_inputs)
     output_tensors = _flatten(outputs)
     input_names = [f"input_{i}" for i in range(len(example_inputs))]
@@ -71,7 +74,10 @@ def export_onnx(
     tmp = Path(tmp_name)
     try:
         try:
-            with decomposed():
+            with decomposed(), warnings.catch_warnings():
+                # The TorchScript exporter is chosen on purpose (it needs no onnxscript and runs on every
+                # torch we support); its deprecation notices would only confuse the caller.
+                warnings.filterwarnings("ignore", category=DeprecationWarning)
                 torch.onnx.export(
                     module,
                     example_inputs,
@@ -94,6 +100,19 @@ def export_onnx(
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+@contextlib.contextmanager
+def _eval_mode(module: nn.Module) -> Iterator[None]:
+    """Eval mode for the duration, then each submodule's own mode back (a training BN would update its
+    statistics on the example inputs)."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
 
 
 def _flatten(outputs: Any) -> list[torch.Tensor]:
