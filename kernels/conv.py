@@ -7,18 +7,20 @@ masks for padding, image borders and odd channel counts. Two reduction orders:
 
 - channel blocks (C_in / groups >= 16): one loop over (tap, channel block), a tile of contiguous
   channels per step; the loop is flat so the compiler pipelines loads across taps.
-- flat K (small C_in, the 3-channel stem): K itself is tiled, each element decoding its own
-  (kh, kw, c), so a 3x3x3 patch is one 32-wide step instead of nine 16-wide steps of 3 useful lanes.
+- flat K (4 < C_in / groups < 16): K itself is tiled, each element decoding its own (kh, kw, c), so
+  a 3x3x5 patch is two 32-wide steps instead of nine 16-wide steps of 5 useful lanes.
 
-Dispatch: depthwise convs go to the direct kernel of depthwise.py, 1x1 stride-1 unpadded convs to the
-plain GEMM of gemm.py, everything else (any stride, padding, dilation, groups) here. Weights can be
-read through a tensor descriptor (TMA) and the output written through one when their rows are
-16-byte aligned and groups == 1; the pointer path takes every other case.
+Dispatch: depthwise convs go to the kernel of depthwise.py, convs with at most 4 input channels per
+group (the RGB stem) to the direct kernel of direct_conv.py, 1x1 stride-1 unpadded convs to the plain
+GEMM of gemm.py, everything else (any stride, padding, dilation, groups) here. Weights can be read
+through a tensor descriptor (TMA) and the output written through one when their rows are 16-byte
+aligned and groups == 1; the pointer path takes every other case.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import triton
@@ -27,10 +29,12 @@ import triton.language as tl
 from . import autotune
 from .autotune import TileConfig
 from .depthwise import launch_depthwise
+from .direct_conv import direct_applies, launch_direct
 from .epilogue import NO_EPILOGUE, Epilogue, apply_epilogue
 from .gemm import launch_gemm
 from .launch import (
     aligned_2d,
+    cdiv,
     check_bias,
     check_device,
     check_float,
@@ -39,6 +43,7 @@ from .launch import (
     descriptors_available,
     dot_precision,
     launch,
+    launch_options,
     make_descriptor,
 )
 from .packing import PackedConvWeight
@@ -216,15 +221,12 @@ def _padding4(op: str, padding: int | Sequence[int]) -> tuple[int, int, int, int
         padding = (padding[0], padding[0], padding[1], padding[1])
     if len(padding) != 4 or any(not isinstance(p, int) or p < 0 for p in padding):
         raise ValueError(
-            f"{op}: padding must be (top, bottom, left, right), (pad_h, pad_w) or an int >= 0, "
-            f"got {padding!r}"
+            f"{op}: padding must be (top, bottom, left, right), (pad_h, pad_w) or an int >= 0, got {padding!r}"
         )
     return padding  # type: ignore[return-value]
 
 
-def conv_candidates(
-    c_in_g: int, c_out_g: int, k_total: int, operand_bytes: int, flat_k: bool
-) -> list[TileConfig]:
+def conv_candidates(c_in_g: int, c_out_g: int, k_total: int, operand_bytes: int, flat_k: bool) -> list[TileConfig]:
     """Tile configs worth measuring for one convolution (first = default)."""
     bn = min(128, max(16, triton.next_power_of_2(c_out_g)))
     if flat_k:
@@ -309,6 +311,13 @@ def conv2d_act(
         return out
     precision = weight.precision
 
+    c_in_g = c_in // groups
+    direct = direct_applies(c_in_g, (kh, kw))
+    if path == "descriptor" and (weight.depthwise or direct):
+        raise ValueError(
+            f"{op}: the descriptor path does not exist for {'depthwise' if weight.depthwise else 'direct'} "
+            f"convolutions (C_in={c_in}, groups={groups}); they read through pointers"
+        )
     if weight.depthwise:
         launch_depthwise(
             x,
@@ -343,49 +352,87 @@ def conv2d_act(
         )
         return out
 
+    if direct:
+        launch_direct(
+            x,
+            weight.data,
+            c_out,
+            groups,
+            (kh, kw),
+            bias32,
+            epilogue,
+            res4,
+            out_nhwc,
+            stride,
+            padding,
+            dilation,
+            interpret,
+            precision.value,
+        )
+        return out
+    launch_implicit_gemm(op, x, weight, bias32, epilogue, res4, out_nhwc, stride, padding, dilation, interpret, path)
+    return out
+
+
+# One launch plan per distinct call signature (see gemm.py).
+_plans: dict[tuple[Any, ...], tuple[bool, TileConfig, dict[str, Any]]] = {}
+
+
+def launch_implicit_gemm(
+    op: str,
+    x: torch.Tensor,
+    weight: PackedConvWeight,
+    bias32: torch.Tensor | None,
+    epilogue: Epilogue,
+    res4: torch.Tensor | None,
+    out_nhwc: torch.Tensor,
+    stride: tuple[int, int],
+    padding: tuple[int, int, int, int],
+    dilation: tuple[int, int],
+    interpret: bool,
+    path: str,
+) -> Any:
+    """Run the implicit-GEMM kernel on checked inputs into ``out_nhwc [N, OH, OW, C_out]`` (contiguous)."""
+    n, c_in, h, w = x.shape
+    _, oh, ow, c_out = out_nhwc.shape
+    kh, kw = weight.kernel_size
+    groups, precision, w_data = weight.groups, weight.precision, weight.data
     c_in_g, c_out_g = c_in // groups, c_out // groups
     m = n * oh * ow
     k_total = weight.k_total
     flat_k = c_in_g < FLAT_K_BELOW
-    w_data = weight.data
     out2 = out_nhwc.view(m, c_out)
     elem = w_data.element_size()
-    can_desc = (
-        descriptors_available(device)
-        and groups == 1
-        and aligned_2d(w_data)
-        and aligned_2d(out2)
-        and (flat_k or (c_in_g * elem) % 16 == 0)
+    aligned = groups == 1 and aligned_2d(w_data) and aligned_2d(out2) and (flat_k or (c_in_g * elem) % 16 == 0)
+    plan_key = (
+        x.shape,
+        x.stride(),
+        x.dtype,
+        w_data.dtype,
+        c_out,
+        groups,
+        (kh, kw),
+        stride,
+        padding,
+        dilation,
+        aligned,
+        bias32 is not None,
+        epilogue,
+        precision,
+        path,
+        interpret,
+        x.device,
     )
-    if path == "descriptor" and not can_desc:
-        raise ValueError(
-            f"{op}: the descriptor path needs groups == 1, 16-byte aligned output rows (C_out={c_out}, "
-            f"{x.dtype}), C_in={c_in} aligned to 16 bytes in {w_data.dtype} (or C_in < {FLAT_K_BELOW}), "
-            "and a GPU with TMA"
-        )
-    use_desc = can_desc and path != "pointer"
     res_strides = res4.stride() if res4 is not None else (0, 0, 0, 0)
-    constexprs = {
-        "KH": kh,
-        "KW": kw,
-        "FLAT_K": flat_k,
-        "HAS_BIAS": bias32 is not None,
-        "ACT": int(epilogue.act),
-        "RESIDUAL": int(epilogue.residual),
-        "HAS_SCALE": epilogue.scale != 1.0,
-        "DOT_PRECISION": dot_precision(precision, w_data.dtype),
-        "UPCAST": interpret,
-        "USE_DESC": use_desc,
-    }
 
-    def run(config: TileConfig) -> None:
+    def run(use_desc: bool, config: TileConfig, options: dict[str, Any]) -> Any:
         if use_desc:
             w_ref = make_descriptor(w_data, [config.block_n, config.block_k])
             out_ref = make_descriptor(out2, [config.block_m, config.block_n])
         else:
             w_ref, out_ref = w_data, out2
-        grid = (triton.cdiv(m, config.block_m) * triton.cdiv(c_out_g, config.block_n), groups)
-        launch(
+        grid = (cdiv(m, config.block_m) * cdiv(c_out_g, config.block_n), groups)
+        return launch(
             _conv2d_act_kernel,
             grid,
             (
@@ -418,32 +465,58 @@ def conv2d_act(
                 float(epilogue.alpha),
                 float(epilogue.scale),
             ),
-            constexprs,
-            config,
+            options,
             interpret,
         )
 
-    if interpret:
-        config = INTERPRET_CONFIG if flat_k or c_in_g > 16 else INTERPRET_CONFIG_NARROW
-    else:
-        key = {
-            "x": [n, c_in, h, w],
-            "x_strides": list(x.stride()),
-            "c_out": c_out,
-            "kernel": [kh, kw],
-            "stride": list(stride),
-            "padding": list(padding),
-            "dilation": list(dilation),
-            "groups": groups,
-            "x_dtype": str(x.dtype),
-            "precision": precision.value,
-            "descriptor": use_desc,
-            "gpu": torch.cuda.get_device_name(device),
-            "triton": triton.__version__,
+    plan = _plans.get(plan_key)
+    if plan is None:
+        can_desc = aligned and descriptors_available(x.device)
+        if path == "descriptor" and not can_desc:
+            raise ValueError(
+                f"{op}: the descriptor path needs groups == 1, 16-byte aligned output rows (C_out={c_out}, "
+                f"{x.dtype}), C_in={c_in} aligned to 16 bytes in {w_data.dtype} (or C_in < {FLAT_K_BELOW}), "
+                "and a GPU with TMA"
+            )
+        use_desc = can_desc and path != "pointer"
+        constexprs = {
+            "KH": kh,
+            "KW": kw,
+            "FLAT_K": flat_k,
+            "HAS_BIAS": bias32 is not None,
+            "ACT": int(epilogue.act),
+            "RESIDUAL": int(epilogue.residual),
+            "HAS_SCALE": epilogue.scale != 1.0,
+            "DOT_PRECISION": dot_precision(precision, w_data.dtype),
+            "UPCAST": interpret,
+            "USE_DESC": use_desc,
         }
-        candidates = conv_candidates(c_in_g, c_out_g, k_total, elem, flat_k)
-        config = autotune.choose(
-            "conv2d_act", key, candidates, lambda cfg: autotune.do_bench_ms(lambda: run(cfg))
-        )
-    run(config)
-    return out
+        if interpret:
+            config = INTERPRET_CONFIG if flat_k or c_in_g > 16 else INTERPRET_CONFIG_NARROW
+        else:
+            key = {
+                "x": [n, c_in, h, w],
+                "x_strides": list(x.stride()),
+                "c_out": c_out,
+                "kernel": [kh, kw],
+                "stride": list(stride),
+                "padding": list(padding),
+                "dilation": list(dilation),
+                "groups": groups,
+                "x_dtype": str(x.dtype),
+                "precision": precision.value,
+                "descriptor": use_desc,
+                "gpu": torch.cuda.get_device_name(x.device),
+                "triton": triton.__version__,
+            }
+            config = autotune.choose(
+                "conv2d_act",
+                key,
+                conv_candidates(c_in_g, c_out_g, k_total, elem, flat_k),
+                lambda c: autotune.do_bench_ms(
+                    lambda: run(use_desc, c, launch_options(_conv2d_act_kernel, constexprs, c))
+                ),
+            )
+        plan = (use_desc, config, launch_options(_conv2d_act_kernel, constexprs, config))
+        _plans[plan_key] = plan
+    return run(*plan)

@@ -8,6 +8,8 @@ pixel row, and the KH*KW taps of neighbouring pixels hit the same cache lines.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -15,7 +17,7 @@ import triton.language as tl
 from . import autotune
 from .autotune import TileConfig
 from .epilogue import Epilogue, apply_epilogue
-from .launch import launch
+from .launch import cdiv, launch, launch_options
 
 
 @triton.jit
@@ -123,6 +125,9 @@ def depthwise_candidates(channels: int) -> list[TileConfig]:
     ]
 
 
+_plans: dict[tuple[Any, ...], tuple[TileConfig, dict[str, Any]]] = {}
+
+
 def launch_depthwise(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -136,24 +141,30 @@ def launch_depthwise(
     dilation: tuple[int, int],
     interpret: bool,
     precision_name: str,
-) -> None:
+) -> Any:
     """Run the depthwise kernel on checked inputs; ``out`` is ``[N, OH, OW, C]`` contiguous (NHWC)."""
     n, c, h, wd = x.shape
     _, oh, ow, _ = out.shape
     m = n * oh * ow
     res_strides = res4.stride() if res4 is not None else (0, 0, 0, 0)
-    constexprs = {
-        "KH": kernel_size[0],
-        "KW": kernel_size[1],
-        "HAS_BIAS": bias32 is not None,
-        "ACT": int(epilogue.act),
-        "RESIDUAL": int(epilogue.residual),
-        "HAS_SCALE": epilogue.scale != 1.0,
-    }
+    plan_key = (
+        x.shape,
+        x.stride(),
+        x.dtype,
+        w.dtype,
+        kernel_size,
+        stride,
+        padding,
+        dilation,
+        bias32 is not None,
+        epilogue,
+        interpret,
+        x.device,
+    )
 
-    def run(config: TileConfig) -> None:
-        grid = (triton.cdiv(m, config.block_m), triton.cdiv(c, config.block_n))
-        launch(
+    def run(config: TileConfig, options: dict[str, Any]) -> Any:
+        grid = (cdiv(m, config.block_m), cdiv(c, config.block_n))
+        return launch(
             _depthwise_act_kernel,
             grid,
             (
@@ -183,27 +194,43 @@ def launch_depthwise(
                 float(epilogue.alpha),
                 float(epilogue.scale),
             ),
-            constexprs,
-            config,
+            options,
             interpret,
         )
 
-    if interpret:
-        config = INTERPRET_CONFIG
-    else:
-        key = {
-            "x": [n, c, h, wd],
-            "x_strides": list(x.stride()),
-            "kernel": list(kernel_size),
-            "stride": list(stride),
-            "padding": list(padding),
-            "dilation": list(dilation),
-            "x_dtype": str(x.dtype),
-            "precision": precision_name,
-            "gpu": torch.cuda.get_device_name(x.device),
-            "triton": triton.__version__,
+    plan = _plans.get(plan_key)
+    if plan is None:
+        constexprs = {
+            "KH": kernel_size[0],
+            "KW": kernel_size[1],
+            "HAS_BIAS": bias32 is not None,
+            "ACT": int(epilogue.act),
+            "RESIDUAL": int(epilogue.residual),
+            "HAS_SCALE": epilogue.scale != 1.0,
         }
-        config = autotune.choose(
-            "depthwise_act", key, depthwise_candidates(c), lambda cfg: autotune.do_bench_ms(lambda: run(cfg))
-        )
-    run(config)
+        if interpret:
+            config = INTERPRET_CONFIG
+        else:
+            key = {
+                "x": [n, c, h, wd],
+                "x_strides": list(x.stride()),
+                "kernel": list(kernel_size),
+                "stride": list(stride),
+                "padding": list(padding),
+                "dilation": list(dilation),
+                "x_dtype": str(x.dtype),
+                "precision": precision_name,
+                "gpu": torch.cuda.get_device_name(x.device),
+                "triton": triton.__version__,
+            }
+            config = autotune.choose(
+                "depthwise_act",
+                key,
+                depthwise_candidates(c),
+                lambda cfg: autotune.do_bench_ms(
+                    lambda: run(cfg, launch_options(_depthwise_act_kernel, constexprs, cfg))
+                ),
+            )
+        plan = (config, launch_options(_depthwise_act_kernel, constexprs, config))
+        _plans[plan_key] = plan
+    return run(*plan)

@@ -8,8 +8,8 @@ refuses to run outside a compiled kernel. While an interpreted grid runs we rout
 to the interpreter too, and put ``JITFunction.__call__`` back afterwards. The patch is global to the
 process, so a lock makes interpreted launches one at a time.
 
-Works with the interpreter API of triton 3.6 and 3.9: ``_patch_lang`` returns a restorable scope in
-newer versions and nothing in older ones.
+Works with the interpreter API of triton 3.6 and 3.9 (checked on both): ``_patch_lang`` returns a
+restorable scope there, and 3.6 needs one more fix under numpy >= 2.5 (see ``_patch_lang_numpy2``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import triton.language as tl
 from triton.runtime import interpreter
 from triton.runtime.jit import JITFunction
 
@@ -25,12 +26,25 @@ _LOCK = threading.RLock()
 
 
 def _interpret_nested_call(self: JITFunction, *args: Any, **kwargs: Any) -> Any:
-    scope = interpreter._patch_lang(self.fn)
+    scope = _patch_lang_numpy2(self.fn)
     try:
         return interpreter.InterpretedFunction(self.fn)(*args, **kwargs)
     finally:
         if scope is not None:
             scope.restore()
+
+
+def _patch_lang_numpy2(fn: Any) -> Any:
+    """``_patch_lang`` plus a fix for triton 3.6 under numpy >= 2.5: its ``tensor.__index__`` is
+    ``int(data)`` on a 1-element array (what ``range(0, K, BLOCK)`` calls on a runtime ``K``), which
+    newer numpy refuses; ``.item()`` takes the same value. Triton 3.9 already does this itself."""
+    scope = _original_patch_lang(fn)
+    if scope is not None and hasattr(scope, "set_attr"):
+        scope.set_attr(tl.core.tensor, "__index__", lambda self: int(self.handle.data.item()))
+    return scope
+
+
+_original_patch_lang = interpreter._patch_lang
 
 
 def run_interpreted(
@@ -46,9 +60,9 @@ def run_interpreted(
     with _LOCK:
         original_call = JITFunction.__call__
         JITFunction.__call__ = _interpret_nested_call
+        interpreter._patch_lang = _patch_lang_numpy2
         try:
-            interpreter.InterpretedFunction(kernel.fn)[tuple(grid) if not callable(grid) else grid](
-                *args, **kwargs
-            )
+            interpreter.InterpretedFunction(kernel.fn)[tuple(grid) if not callable(grid) else grid](*args, **kwargs)
         finally:
             JITFunction.__call__ = original_call
+            interpreter._patch_lang = _original_patch_lang

@@ -18,6 +18,11 @@ from .precision import Precision
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division (``triton.cdiv`` is a constexpr function in newer triton, slow on the host)."""
+    return -(-a // b)
+
+
 def check_device(op: str, interpret: bool, tensors: dict[str, torch.Tensor | None]) -> torch.device:
     """All tensors on one device, CPU under ``interpret=True`` and CUDA otherwise; returns it."""
     device: torch.device | None = None
@@ -72,8 +77,7 @@ def check_residual(
         return residual.expand(*out_shape)
     except RuntimeError:
         raise ValueError(
-            f"{op}: residual of shape {tuple(residual.shape)} does not broadcast to the output shape "
-            f"{tuple(out_shape)}"
+            f"{op}: residual of shape {tuple(residual.shape)} does not broadcast to the output shape {tuple(out_shape)}"
         ) from None
 
 
@@ -118,10 +122,36 @@ def aligned_2d(t: torch.Tensor) -> bool:
     )
 
 
-def make_descriptor(t: torch.Tensor, block_shape: Sequence[int]) -> Any:
+def _descriptor_defaults() -> dict[str, Any]:
+    import dataclasses
+
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block_shape))
+    return {f.name: f.default for f in dataclasses.fields(TensorDescriptor) if f.default is not dataclasses.MISSING}
+
+
+_DESCRIPTOR_DEFAULTS: dict[str, Any] | None = None
+
+
+def make_descriptor(t: torch.Tensor, block_shape: Sequence[int]) -> Any:
+    """A host-side tensor descriptor of ``t`` (which :func:`aligned_2d` has already accepted).
+
+    Built without the dataclass's own validation: it repeats our alignment checks and costs more
+    than the rest of the launch on small problems, where the launcher's CPU time is the runtime.
+    """
+    global _DESCRIPTOR_DEFAULTS
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if _DESCRIPTOR_DEFAULTS is None:
+        _DESCRIPTOR_DEFAULTS = _descriptor_defaults()
+    desc = object.__new__(TensorDescriptor)
+    for name, value in _DESCRIPTOR_DEFAULTS.items():
+        object.__setattr__(desc, name, value)
+    object.__setattr__(desc, "base", t)
+    object.__setattr__(desc, "shape", list(t.shape))
+    object.__setattr__(desc, "strides", list(t.stride()))
+    object.__setattr__(desc, "block_shape", list(block_shape))
+    return desc
 
 
 def check_path(op: str, path: str) -> None:
@@ -129,19 +159,22 @@ def check_path(op: str, path: str) -> None:
         raise ValueError(f"{op}: path must be 'auto', 'descriptor' or 'pointer', got {path!r}")
 
 
+def launch_options(kernel: JITFunction, constexprs: dict[str, Any], config: TileConfig) -> dict[str, Any]:
+    """Keyword arguments of one launch: the kernel's constexprs, its tile constexprs, warps and stages."""
+    tile = {name: value for name, value in config.constexprs().items() if name in kernel.arg_names}
+    return {**constexprs, **tile, "num_warps": config.num_warps, "num_stages": config.num_stages}
+
+
 def launch(
     kernel: JITFunction,
     grid: tuple[int, ...],
     args: Sequence[Any],
-    constexprs: dict[str, Any],
-    config: TileConfig,
+    options: dict[str, Any],
     interpret: bool,
 ) -> Any:
     """Launch compiled (returns Triton's compiled kernel, whose ``asm`` holds the PTX), or run the same
-    kernel in the interpreter (returns None)."""
-    tile = {name: value for name, value in config.constexprs().items() if name in kernel.arg_names}
-    kwargs = {**constexprs, **tile}
+    kernel in the interpreter (returns None; it ignores ``num_warps`` / ``num_stages``)."""
     if interpret:
-        run_interpreted(kernel, grid, *args, **kwargs)
+        run_interpreted(kernel, grid, *args, **options)
         return None
-    return kernel[grid](*args, **kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
+    return kernel[grid](*args, **options)

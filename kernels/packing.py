@@ -91,10 +91,8 @@ class PackedConvWeight:
     def _check(self) -> None:
         _check_groups(self.in_channels, self.out_channels, self.groups)
         kh, kw = self.kernel_size
-        if self.depthwise:
-            expected = (kh * kw, self.out_channels)
-        else:
-            expected = (self.out_channels, padded_k(self.k_total))
+        gemm_layout = (self.out_channels, padded_k(self.k_total))
+        expected = (kh * kw, self.out_channels) if self.depthwise else gemm_layout
         dtype = operand_dtype(self.precision)
         if tuple(self.data.shape) != expected or self.data.dtype != dtype or not self.data.is_contiguous():
             raise ValueError(
@@ -148,9 +146,7 @@ def pack_conv_weight(weight: torch.Tensor, precision: Precision | str, groups: i
     """
     precision = Precision.parse(precision)
     if weight.dim() != 4:
-        raise ValueError(
-            f"conv weight must be 4-D [C_out, C_in/groups, KH, KW], got shape {tuple(weight.shape)}"
-        )
+        raise ValueError(f"conv weight must be 4-D [C_out, C_in/groups, KH, KW], got shape {tuple(weight.shape)}")
     if not weight.is_floating_point():
         raise ValueError(f"conv weight must be floating point, got {weight.dtype}")
     c_out, c_in_g, kh, kw = weight.shape

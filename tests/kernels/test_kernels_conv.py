@@ -20,8 +20,8 @@ from fuser.kernels import (
 SILU = Epilogue(Activation.SILU)
 
 # Odd channels (3, 5, 19), odd images (7, 13, 21x19), stride 2, dilation 2, padding 0 / 1 / "same"-style
-# asymmetric, batch 1 and 3; each kernel path: flat K (C_in < 16), channel blocks, 1x1 GEMM, grouped,
-# depthwise.
+# asymmetric, batch 1 and 3; each kernel path: direct (C_in <= 4, the stem), flat K (C_in < 16), channel
+# blocks, 1x1 GEMM, grouped (implicit GEMM and direct), depthwise.
 GEOMETRIES = [
     ConvCase("stem_c3_s2_p1", 1, 3, 16, (13, 13), 3, stride=2, padding=(1, 1, 1, 1)),
     ConvCase("c5_k3_p0_b3", 3, 5, 7, (7, 7), 3),
@@ -34,6 +34,7 @@ GEOMETRIES = [
     ConvCase("pointwise_gemm_b3", 3, 19, 21, (7, 7), 1),
     ConvCase("pointwise_s2", 1, 19, 5, (13, 13), 1, stride=2),
     ConvCase("grouped_4", 3, 20, 8, (13, 13), 3, stride=2, padding=(1, 1, 1, 1), groups=4),
+    ConvCase("grouped_direct_multiplier", 3, 8, 12, (13, 11), 3, padding=(1, 1, 1, 1), groups=4),
     ConvCase("depthwise_c19_b3", 3, 19, 19, (13, 13), 3, padding=(1, 1, 1, 1), groups=19),
     ConvCase("depthwise_s2_dil2", 1, 5, 5, (21, 19), 3, stride=2, padding=(2, 2, 2, 2), dilation=2, groups=5),
 ]
@@ -102,7 +103,7 @@ def test_epilogue(case: ConvCase, epilogue: Epilogue) -> None:
     ],
     ids=["tf32", "tf32x3", "bf16", "fp16", "fp16-model", "bf16-model"],
 )
-@pytest.mark.parametrize("case", KERNEL_PATHS[:4], ids=str)
+@pytest.mark.parametrize("case", KERNEL_PATHS[:5], ids=str)
 def test_precision(case: ConvCase, precision: str, dtype: torch.dtype) -> None:
     epilogue = Epilogue(Activation.HARDSWISH, residual=Residual.AFTER_ACT)
     out, ref = run_conv(case, epilogue, precision, dtype)
@@ -112,7 +113,10 @@ def test_precision(case: ConvCase, precision: str, dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize(
     "case",
-    [BY_NAME["stem_c3_s2_p1"], ConvCase("aligned_c20", 3, 20, 8, (13, 11), 3, stride=2, padding=(1, 1, 1, 1))],
+    [
+        ConvCase("aligned_flat_k_c8", 3, 8, 8, (13, 11), 3, stride=2, padding=(1, 1, 1, 1)),
+        ConvCase("aligned_c20", 3, 20, 8, (13, 11), 3, stride=2, padding=(1, 1, 1, 1)),
+    ],
     ids=str,
 )
 def test_descriptor_and_pointer_paths_agree(case: ConvCase) -> None:
@@ -210,6 +214,13 @@ def test_errors() -> None:
         conv2d_act(x, w, padding=(1, 1, 1), interpret=True)
     with pytest.raises(ValueError, match="descriptor path needs"):
         conv2d_act(x, w, padding=1, path="descriptor", interpret=True)  # C_out=7: rows not 16-byte aligned
+    with pytest.raises(ValueError, match="descriptor path does not exist for direct"):
+        conv2d_act(
+            torch.randn(1, 3, 9, 9),
+            pack_conv_weight(torch.randn(8, 3, 3, 3), "ieee"),
+            path="descriptor",
+            interpret=True,
+        )
     with pytest.raises(TypeError, match="PackedConvWeight"):
         conv2d_act(x, torch.randn(7, 5, 3, 3), interpret=True)
     with pytest.raises(ValueError, match="groups=4 must divide"):

@@ -1,0 +1,255 @@
+"""Convolutions with very few input channels per group (the 3-channel RGB stem) as a direct kernel.
+
+With ``C_in / groups * KH * KW`` around 27, an implicit GEMM has a K too short to feed the tensor
+cores and spends its time gathering a [pixels, K] patch tile scattered over three image rows. Here
+each program keeps a [pixels, C_out] float32 accumulator and walks the taps one by one, unrolled
+(``C_IN_G``, ``KH``, ``KW`` are compile-time): per tap one load of a pixel vector (neighbouring taps
+hit the same cache lines), one load of a weight row, one outer-product multiply-add. The work is
+memory-bound either way (a 3->16 3x3 conv does about 14 FLOP per byte moved), so CUDA-core FMAs cost
+nothing extra, and the result is computed in full float32 whatever the precision policy (bf16 /
+fp16 policies still round the operands to their dtype first, as the GEMM kernels do).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from . import autotune
+from .autotune import TileConfig
+from .epilogue import Epilogue, apply_epilogue
+from .launch import cdiv, launch, launch_options
+
+# Use the direct kernel up to this many multiply-adds per output value (taps are unrolled).
+MAX_DIRECT_TAPS = 64
+MAX_DIRECT_CIN = 4
+
+
+@triton.jit
+def _direct_conv_act_kernel(
+    # pointers; w is the GEMM-layout packed weight [C_out, K_pad], K ordered (kh, kw, c)
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    res_ptr,
+    out_ptr,
+    # sizes
+    H,
+    W,
+    OH,
+    OW,
+    C_OUT_G,
+    M,
+    # conv geometry
+    stride_h,
+    stride_w,
+    pad_top,
+    pad_left,
+    dil_h,
+    dil_w,
+    # strides (elements): x as NHWC logical, residual as NCHW logical, out rows
+    sx_n,
+    sx_h,
+    sx_w,
+    sx_c,
+    stride_wn,
+    sr_n,
+    sr_c,
+    sr_h,
+    sr_w,
+    stride_om,
+    # epilogue scalars
+    alpha,
+    scale,
+    # constexprs
+    KH: tl.constexpr,
+    KW: tl.constexpr,
+    C_IN_G: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    group = tl.program_id(2)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < M
+    n_ok = offs_n < C_OUT_G
+    channels = group * C_OUT_G + offs_n
+    rows = tl.where(m_ok, offs_m, 0)
+    ohw = OH * OW
+    n_idx = rows // ohw
+    oh = (rows % ohw) // OW
+    ow = rows % OW
+    ih0 = oh * stride_h - pad_top
+    iw0 = ow * stride_w - pad_left
+    x_rows = x_ptr + n_idx.to(tl.int64) * sx_n + (group * C_IN_G).to(tl.int64) * sx_c
+    w_rows = w_ptr + channels.to(tl.int64) * stride_wn
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kh in tl.static_range(KH):
+        ih = ih0 + kh * dil_h
+        h_ok = m_ok & (ih >= 0) & (ih < H)
+        for kw in tl.static_range(KW):
+            iw = iw0 + kw * dil_w
+            ok = h_ok & (iw >= 0) & (iw < W)
+            pix = x_rows + ih.to(tl.int64) * sx_h + iw.to(tl.int64) * sx_w
+            for c in tl.static_range(C_IN_G):
+                wv = tl.load(w_rows + ((kh * KW + kw) * C_IN_G + c), mask=n_ok, other=0.0)
+                xv = tl.load(pix + c * sx_c, mask=ok, other=0.0)
+                acc += xv.to(wv.dtype).to(tl.float32)[:, None] * wv.to(tl.float32)[None, :]
+
+    if HAS_BIAS:  # noqa: SIM108  (a constexpr branch: only one side is compiled)
+        bias = tl.load(bias_ptr + channels, mask=n_ok, other=0.0)[None, :]
+    else:
+        bias = 0.0
+    if RESIDUAL != 0:
+        r_rows = n_idx.to(tl.int64) * sr_n + oh.to(tl.int64) * sr_h + ow.to(tl.int64) * sr_w
+        res_ptrs = res_ptr + r_rows[:, None] + channels[None, :].to(tl.int64) * sr_c
+        res = tl.load(res_ptrs, mask=m_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+    else:
+        res = 0.0
+    y = apply_epilogue(acc, bias, res, alpha, scale, ACT, RESIDUAL, HAS_SCALE)
+    out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + channels[None, :]
+    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def direct_applies(c_in_g: int, kernel_size: tuple[int, int]) -> bool:
+    """Whether a (non-depthwise) convolution takes the direct kernel."""
+    return c_in_g <= MAX_DIRECT_CIN and c_in_g * kernel_size[0] * kernel_size[1] <= MAX_DIRECT_TAPS
+
+
+INTERPRET_CONFIG = TileConfig(128, 16, 1, 1, 4, 1)
+
+
+def direct_candidates(c_out_g: int) -> list[TileConfig]:
+    bn = min(64, max(16, triton.next_power_of_2(c_out_g)))
+    return [
+        TileConfig(128, bn, 1, 1, 4, 1),
+        TileConfig(256, bn, 1, 1, 8, 1),
+        TileConfig(64, bn, 1, 1, 4, 1),
+        TileConfig(256, bn, 1, 1, 4, 1),
+    ]
+
+
+_plans: dict[tuple[Any, ...], tuple[TileConfig, dict[str, Any]]] = {}
+
+
+def launch_direct(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    c_out: int,
+    groups: int,
+    kernel_size: tuple[int, int],
+    bias32: torch.Tensor | None,
+    epilogue: Epilogue,
+    res4: torch.Tensor | None,
+    out: torch.Tensor,
+    stride: tuple[int, int],
+    padding: tuple[int, int, int, int],
+    dilation: tuple[int, int],
+    interpret: bool,
+    precision_name: str,
+) -> Any:
+    """Run the direct kernel on checked inputs; ``out`` is ``[N, OH, OW, C_out]`` contiguous (NHWC)."""
+    n, c_in, h, wd = x.shape
+    _, oh, ow, _ = out.shape
+    m = n * oh * ow
+    c_in_g, c_out_g = c_in // groups, c_out // groups
+    res_strides = res4.stride() if res4 is not None else (0, 0, 0, 0)
+    plan_key = (
+        x.shape,
+        x.stride(),
+        x.dtype,
+        w.dtype,
+        c_out,
+        groups,
+        kernel_size,
+        stride,
+        padding,
+        dilation,
+        bias32 is not None,
+        epilogue,
+        interpret,
+        x.device,
+    )
+
+    def run(config: TileConfig, options: dict[str, Any]) -> Any:
+        grid = (cdiv(m, config.block_m), cdiv(c_out_g, config.block_n), groups)
+        return launch(
+            _direct_conv_act_kernel,
+            grid,
+            (
+                x,
+                w,
+                bias32,
+                res4,
+                out,
+                h,
+                wd,
+                oh,
+                ow,
+                c_out_g,
+                m,
+                stride[0],
+                stride[1],
+                padding[0],
+                padding[2],
+                dilation[0],
+                dilation[1],
+                x.stride(0),
+                x.stride(2),
+                x.stride(3),
+                x.stride(1),
+                w.stride(0),
+                *res_strides,
+                c_out,
+                float(epilogue.alpha),
+                float(epilogue.scale),
+            ),
+            options,
+            interpret,
+        )
+
+    plan = _plans.get(plan_key)
+    if plan is None:
+        constexprs = {
+            "KH": kernel_size[0],
+            "KW": kernel_size[1],
+            "C_IN_G": c_in_g,
+            "HAS_BIAS": bias32 is not None,
+            "ACT": int(epilogue.act),
+            "RESIDUAL": int(epilogue.residual),
+            "HAS_SCALE": epilogue.scale != 1.0,
+        }
+        if interpret:
+            config = INTERPRET_CONFIG
+        else:
+            key = {
+                "x": list(x.shape),
+                "x_strides": list(x.stride()),
+                "c_out": c_out,
+                "groups": groups,
+                "kernel": list(kernel_size),
+                "stride": list(stride),
+                "padding": list(padding),
+                "dilation": list(dilation),
+                "x_dtype": str(x.dtype),
+                "precision": precision_name,
+                "gpu": torch.cuda.get_device_name(x.device),
+                "triton": triton.__version__,
+            }
+            config = autotune.choose(
+                "direct_conv_act",
+                key,
+                direct_candidates(c_out_g),
+                lambda c: autotune.do_bench_ms(lambda: run(c, launch_options(_direct_conv_act_kernel, constexprs, c))),
+            )
+        plan = (config, launch_options(_direct_conv_act_kernel, constexprs, config))
+        _plans[plan_key] = plan
+    return run(*plan)
