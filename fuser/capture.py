@@ -12,14 +12,12 @@ checks) runs exactly as before.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.fx as fx
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 
@@ -133,37 +131,11 @@ def propagate_shapes(model: nn.Module, graphs: list[CapturedGraph], example_inpu
     """Run ``model`` once on ``example_inputs``, recording shapes and dtypes on every traced graph's nodes.
 
     Each traced module runs its graph through a shape recorder for its first call, so this one forward
-    pass is at once the check that the model accepts the inputs and the shape propagation. It runs on fake
-    tensors first (shapes only, no arithmetic: optimize stays fast on large inputs); a model that does not
-    run on fake tensors (data-dependent shapes, ops without a meta kernel) is run for real. An exception
-    from the real run propagates to the caller: the model rejects these inputs.
+    pass is at once the check that the model accepts the inputs and the shape propagation. (Fake tensors
+    would skip the arithmetic, but importing and dispatching them costs more than a forward pass of the
+    models this library targets on a CPU.) Exceptions propagate: the model rejects these inputs.
     """
-    try:
-        _run_with_shape_prop(model, graphs, example_inputs, fake=True)
-    except Exception:
-        for g in graphs:
-            g.example_inputs = None
-            for node in g.gm.graph.nodes:
-                node.meta.pop("tensor_meta", None)
-        _run_with_shape_prop(model, graphs, example_inputs, fake=False)
-
-
-class _ShapeRecorder(fx.Interpreter):
-    """Runs a graph and stores each tensor result's shape, dtype and layout in ``node.meta["tensor_meta"]``.
-
-    torch.fx's ShapeProp does the same but deep-copies the whole module when a fake mode is active.
-    """
-
-    def run_node(self, n: fx.Node) -> Any:
-        result = super().run_node(n)
-        if isinstance(result, torch.Tensor):
-            n.meta["tensor_meta"] = _extract_tensor_metadata(result)
-        return result
-
-
-def _run_with_shape_prop(model: nn.Module, graphs: list[CapturedGraph], inputs: tuple[Any, ...], fake: bool) -> None:
     saved = [(m, dict(m.__dict__)) for m in model.modules()]  # a forward may cache what it computes
-    patched = set()
     for g in graphs:
         if g.path == "":
             continue
@@ -175,22 +147,27 @@ def _run_with_shape_prop(model: nn.Module, graphs: list[CapturedGraph], inputs: 
             return g.gm(*args, **kwargs)
 
         object.__setattr__(g.module, "forward", forward)
-        patched.add(id(g.module))
     try:
-        with torch.no_grad(), contextlib.ExitStack() as stack:
-            if fake:
-                mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
-                inputs = tuple(mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in inputs)
+        with torch.no_grad():
             if len(graphs) == 1 and graphs[0].path == "":
-                graphs[0].example_inputs = inputs
-                _ShapeRecorder(graphs[0].gm).run(*inputs)
+                graphs[0].example_inputs = example_inputs
+                _ShapeRecorder(graphs[0].gm).run(*example_inputs)
             else:
-                model(*inputs)
+                model(*example_inputs)
     finally:
         for m, attributes in saved:
-            if id(m) in patched or m.__dict__ != attributes:
-                m.__dict__.clear()
-                m.__dict__.update(attributes)
+            m.__dict__.clear()
+            m.__dict__.update(attributes)
+
+
+class _ShapeRecorder(fx.Interpreter):
+    """Runs a graph and stores each tensor result's shape, dtype and layout in ``node.meta["tensor_meta"]``."""
+
+    def run_node(self, n: fx.Node) -> Any:
+        result = super().run_node(n)
+        if isinstance(result, torch.Tensor):
+            n.meta["tensor_meta"] = _extract_tensor_metadata(result)
+        return result
 
 
 def install(capture: Capture, graph: CapturedGraph, optimized: fx.GraphModule) -> nn.Module:
