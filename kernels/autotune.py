@@ -21,7 +21,7 @@ import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, astuple, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +130,8 @@ def choose(
     """
     if not candidates:
         raise ValueError(f"{kernel}: no tile candidates for {key}")
-    key_text = _key_text(kernel, key)
+    # The candidate list is part of the key: a choice made among other candidates is not trusted.
+    key_text = _key_text(kernel, {**key, "candidates": [astuple(c) for c in candidates]})
     if key_text in _memory:
         return _memory[key_text]
     if not tuning_enabled() or len(candidates) == 1:
@@ -154,6 +155,44 @@ def choose(
     with _lock:
         _memory[key_text] = config
     return config
+
+
+def _pow2_at_least(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def matmul_candidates(m: int, n: int, k: int, block_k: int, sm_count: int = 132) -> list[TileConfig]:
+    """Tile configs worth measuring for an ``m x n`` output with reduction ``k`` (first = default).
+
+    Shaped by three facts of the measured H200 runs: a short reduction (k <= 256) leaves the software
+    pipeline no steady state, so several small CTAs per SM must hide the load latency instead (2
+    stages, small tiles); when 128x128 tiles give under two waves of CTAs, smaller tiles fill the SMs;
+    a tile wider than ``n`` only wastes registers and shared memory.
+    """
+    bn_cap = max(16, _pow2_at_least(n))
+    out: list[TileConfig] = []
+
+    def add(bm: int, bn: int, bk: int, warps: int, stages: int) -> None:
+        config = TileConfig(bm, min(bn, bn_cap), bk, 8, warps, stages)
+        if config not in out:
+            out.append(config)
+
+    if k <= 256:
+        add(128, 128, block_k, 4, 2)
+        add(64, 128, block_k, 4, 2)
+        add(128, 64, block_k, 4, 2)
+        add(64, 64, block_k, 4, 2)
+        add(256, 128, block_k, 8, 2)
+    else:
+        add(128, 128, block_k, 8, 4)
+        add(128, 256, block_k, 8, 3)
+        add(128, 128, block_k, 4, 4)
+        add(256, 128, block_k, 8, 3)
+        add(128, 64, 2 * block_k, 8, 3)
+    if -(-m // 128) * -(-n // 128) < 2 * sm_count:
+        add(64, 64, block_k, 4, 4)
+        add(64, 128, block_k, 4, 4)
+    return out
 
 
 def do_bench_ms(fn: Callable[[], Any]) -> float:

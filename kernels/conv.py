@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from . import autotune
-from .autotune import TileConfig
+from .autotune import TileConfig, matmul_candidates
 from .depthwise import launch_depthwise
 from .direct_conv import direct_applies, launch_direct
 from .epilogue import NO_EPILOGUE, Epilogue, apply_epilogue
@@ -226,27 +226,15 @@ def _padding4(op: str, padding: int | Sequence[int]) -> tuple[int, int, int, int
     return padding  # type: ignore[return-value]
 
 
-def conv_candidates(c_in_g: int, c_out_g: int, k_total: int, operand_bytes: int, flat_k: bool) -> list[TileConfig]:
+def conv_candidates(
+    m: int, c_in_g: int, c_out_g: int, k_total: int, operand_bytes: int, flat_k: bool
+) -> list[TileConfig]:
     """Tile configs worth measuring for one convolution (first = default)."""
-    bn = min(128, max(16, triton.next_power_of_2(c_out_g)))
     if flat_k:
         bk = min(64, max(16, triton.next_power_of_2(k_total)))
-        return [
-            TileConfig(128, bn, bk, 8, 4, 3),
-            TileConfig(256, bn, bk, 8, 8, 3),
-            TileConfig(64, bn, bk, 8, 4, 3),
-            TileConfig(128, bn, bk, 8, 8, 2),
-        ]
-    bk = min(64 if operand_bytes == 2 else 32, max(16, triton.next_power_of_2(c_in_g)))
-    candidates = [
-        TileConfig(128, bn, bk, 8, 4, 4),
-        TileConfig(128, bn, bk, 8, 8, 3),
-        TileConfig(64, bn, bk, 8, 4, 4),
-        TileConfig(256, min(bn, 64), bk, 8, 8, 3),
-    ]
-    if bn == 128:
-        candidates.append(TileConfig(128, 64, bk, 8, 4, 4))
-    return candidates
+    else:
+        bk = min(64 if operand_bytes == 2 else 32, max(16, triton.next_power_of_2(c_in_g)))
+    return matmul_candidates(m, c_out_g, k_total, bk)
 
 
 # Under the interpreter every op costs Python overhead per program: large M tiles, few programs.
@@ -512,7 +500,7 @@ def launch_implicit_gemm(
             config = autotune.choose(
                 "conv2d_act",
                 key,
-                conv_candidates(c_in_g, c_out_g, k_total, elem, flat_k),
+                conv_candidates(m, c_in_g, c_out_g, k_total, elem, flat_k),
                 lambda c: autotune.do_bench_ms(
                     lambda: run(use_desc, c, launch_options(_conv2d_act_kernel, constexprs, c))
                 ),

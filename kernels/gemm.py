@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from . import autotune
-from .autotune import TileConfig
+from .autotune import TileConfig, matmul_candidates
 from .epilogue import NO_EPILOGUE, Epilogue, apply_epilogue
 from .launch import (
     aligned_2d,
@@ -142,20 +142,7 @@ def gemm_candidates(m: int, n: int, k: int, operand_bytes: int) -> list[TileConf
             TileConfig(bm, 32, 4 * bk, 1, 4, 3),
             TileConfig(bm, 128, bk, 1, 4, 5),
         ]
-    if m * n <= 512 * 4096:
-        return [
-            TileConfig(64, 64, bk, 8, 4, 4),
-            TileConfig(64, 128, bk, 8, 4, 4),
-            TileConfig(128, 64, bk, 8, 4, 4),
-            TileConfig(32, 64, 2 * bk, 8, 4, 4),
-        ]
-    return [
-        TileConfig(128, 256, bk, 8, 8, 3),
-        TileConfig(128, 128, bk, 8, 8, 4),
-        TileConfig(128, 128, bk, 8, 4, 4),
-        TileConfig(256, 128, bk, 8, 8, 3),
-        TileConfig(128, 256, 2 * bk, 8, 8, 2),
-    ]
+    return matmul_candidates(m, n, k, bk)
 
 
 def _as_rows(t: torch.Tensor) -> torch.Tensor | None:
