@@ -21,6 +21,7 @@ from fuser import ops
 from fuser.canonicalize import canonicalize
 from fuser.capture import Capture, CapturedGraph, capture, install, propagate_shapes
 from fuser.chain import Chain
+from fuser.cuda_graphs import GraphReplay
 from fuser.graph_ops import CONV_ARGS, CONV_DEFAULTS, bind, constant_tensor
 from fuser.kernels.precision import Precision
 from fuser.matcher import find_chains
@@ -34,15 +35,25 @@ ModelLike = nn.Module | str | os.PathLike
 class OptimizedModule(nn.Module):
     """The optimized model: ``module`` runs under the precision policy; ``fusion_report`` says what was fused."""
 
-    def __init__(self, module: nn.Module, fusion_report: FusionReport, precision: Precision, backend: str) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        fusion_report: FusionReport,
+        precision: Precision,
+        backend: str,
+        cuda_graphs: bool = False,
+    ) -> None:
         super().__init__()
         self.module = module
         self.fusion_report = fusion_report
         self.precision = precision
         self.backend = backend
+        self.replay = GraphReplay(module) if cuda_graphs else None
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         with torch_precision(self.precision):
+            if self.replay is not None and not kwargs:
+                return self.replay(*args)
             return self.module(*args, **kwargs)
 
     def extra_repr(self) -> str:
@@ -56,6 +67,7 @@ def optimize(
     precision: str = "tf32",
     backend: str = "auto",
     inplace: bool = False,
+    cuda_graphs: bool = False,
 ) -> OptimizedModule:
     """Return a module that computes the same function as ``model`` with its chains fused.
 
@@ -69,6 +81,9 @@ def optimize(
         backend: "auto" (compiled Triton kernels on CUDA inputs, the torch reference on CPU inputs), "triton",
             "interpret" (the same kernels in Triton's interpreter, on CPU) or "torch" (the reference).
         inplace: allow ``model`` itself to be used and changed instead of a copy (saves the memory of a copy).
+        cuda_graphs: on CUDA inputs under ``torch.no_grad()``, record the forward as a CUDA graph once per
+            input shape and replay it (fuser.cuda_graphs): one launch instead of one per kernel, which is
+            what wins at batch 1. Off by default: each recorded graph keeps its own memory.
 
     The result carries ``.fusion_report``. Chains that fail a guard stay unfused and are listed, with the reason,
     in ``.fusion_report.rejected``.
@@ -78,7 +93,7 @@ def optimize(
     working = _working_copy(model, inplace)
     inputs = _as_inputs(example_inputs)
     root, report = _run_pipeline(working, inputs, policy, backend, rewrite=True)
-    optimized = OptimizedModule(root, report, policy, backend)
+    optimized = OptimizedModule(root, report, policy, backend, cuda_graphs)
     if inputs is not None and _on_cuda(inputs) and backend in ("auto", "triton"):
         with torch.no_grad():
             optimized(*inputs)  # compiles the kernels and measures their tile configs for these shapes

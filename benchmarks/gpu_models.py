@@ -1,0 +1,142 @@
+"""Whole-model GPU benchmark: fuser against eager PyTorch and torch.compile, in one run (ANCHORS.md's table).
+
+    python -m benchmarks.gpu_models --out DIR [--compile] [--quick]
+    python -m benchmarks.gpu_models --table RESULTS.json
+
+Rows: YOLOv8n-shaped @640, EfficientNet-B0 @224, ResNet-50 @224, each at batch 1 in float32 and batch 32 in
+float16, channels_last inputs. Variants: eager (cudnn.benchmark on, TF32 allowed), fuser (Triton kernels,
+precision tf32 for float32 models and fp16 for float16 ones), fuser with CUDA graphs, and with --compile
+torch.compile (freezing on) in its default mode and in mode="reduce-overhead" (CUDA graphs). Each time is a
+median of CUDA-event timings after warm-up; the error of each variant against a float64 run of the model on
+the GPU is recorded. torch.compile costs 10-25 s of compile time per model and mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import fuser
+from fuser import models
+from fuser.profiling import count_launches, median_ms
+
+ROWS = [
+    ("yolov8n", 1, 640, torch.float32),
+    ("yolov8n", 32, 640, torch.float16),
+    ("efficientnet_b0", 1, 224, torch.float32),
+    ("efficientnet_b0", 32, 224, torch.float16),
+    ("resnet50", 1, 224, torch.float32),
+    ("resnet50", 32, 224, torch.float16),
+]
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+def run_row(name: str, batch: int, size: int, dtype: torch.dtype, compile_modes: list[str], repeats: int) -> dict:
+    device = torch.device("cuda")
+    model = models.build(name).to(device=device, memory_format=torch.channels_last)
+    x = models.example_input(name, batch=batch, size=size).to(device).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        reference = models.build(name).to(device).double()(x.double())
+    model, x = model.to(dtype), x.to(dtype)
+    precision = "tf32" if dtype == torch.float32 else "fp16"
+    variants: dict[str, Any] = {"eager": model}
+    start = time.perf_counter()
+    variants["fuser"] = fuser.optimize(model, (x,), precision=precision, backend="triton")
+    optimize_s = time.perf_counter() - start
+    fused = variants["fuser"]
+    variants["fuser+cuda_graphs"] = fuser.OptimizedModule(
+        fused.module, fused.fusion_report, fused.precision, fused.backend, cuda_graphs=True
+    )
+    compile_s = {}
+    for mode in compile_modes:
+        torch._inductor.config.freezing = True
+        compiled = torch.compile(model, mode=None if mode == "default" else mode)
+        start = time.perf_counter()
+        with torch.no_grad():
+            compiled(x)
+            compiled(x)
+        compile_s[mode] = time.perf_counter() - start
+        variants[f"torch.compile {mode}"] = compiled
+    row: dict[str, Any] = {
+        "model": name,
+        "batch": batch,
+        "size": size,
+        "dtype": str(dtype).removeprefix("torch."),
+        "precision": precision,
+        "fused_chains": len(variants["fuser"].fusion_report.fused),
+        "optimize_s": optimize_s,
+        "compile_s": compile_s,
+        "ms": {},
+        "rel_error": {},
+        "launches": {},
+    }
+    with torch.no_grad():
+        for label, fn in variants.items():
+            row["ms"][label] = median_ms(lambda fn=fn: fn(x), device, repeats=repeats, warmup=3)
+            row["rel_error"][label] = _rel(fn(x), reference)
+            if not label.startswith("torch.compile") and "graphs" not in label:
+                row["launches"][label] = count_launches(lambda fn=fn: fn(x), device)
+    eager = row["ms"]["eager"]
+    row["speedup_vs_eager"] = {k: eager / v for k, v in row["ms"].items()}
+    print(f"{name} B{batch} {row['dtype']}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in row["ms"].items()), flush=True)
+    return row
+
+
+def table(result: dict) -> str:
+    labels = list(result["rows"][0]["ms"])
+    head = "| model | B, size, dtype | chains | " + " | ".join(f"{k} ms" for k in labels) + " | fuser vs eager |"
+    lines = [head, "|" + "---|" * (len(labels) + 4)]
+    for r in result["rows"]:
+        best = min(r["ms"]["fuser"], r["ms"]["fuser+cuda_graphs"])
+        cells = " | ".join(f"{r['ms'][k]:.3f}" for k in labels)
+        lines.append(
+            f"| {r['model']} | {r['batch']}, {r['size']}, {r['dtype']} | {r['fused_chains']} | {cells} | "
+            f"{r['ms']['eager'] / best:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile (default, reduce-overhead)")
+    parser.add_argument("--quick", action="store_true", help="batch-1 rows only, fewer repeats")
+    parser.add_argument("--table", type=Path, help="print the markdown table of a results JSON and exit")
+    args = parser.parse_args()
+    if args.table:
+        print(table(json.loads(args.table.read_text())))
+        return
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    rows = [r for r in ROWS if not args.quick or r[1] == 1]
+    modes = ["default", "reduce-overhead"] if args.compile else []
+    result = {
+        "benchmark": "gpu_models",
+        "date": datetime.date.today().isoformat(),
+        "card": torch.cuda.get_device_name(),
+        "versions": {
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "triton": __import__("triton").__version__,
+        },
+        "rows": [run_row(*r, compile_modes=modes, repeats=20 if args.quick else 50) for r in rows],
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"gpu-models-{result['date']}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(table(result))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
