@@ -148,7 +148,10 @@ def _linear_bias(ctx: NodeContext, n: int, beta: float) -> tuple[Any, Any]:
         return None, None
     const = ctx.constant(2)
     if const is not None and (const.numel() == 1 or (const.numel() == n and const.shape[-1] == n)):
-        bias = const.reshape(-1).expand(n).contiguous() if const.numel() == 1 else const.reshape(n)
+        if const.shape == (n,):
+            bias = const
+        else:
+            bias = const.reshape(-1).expand(n).contiguous() if const.numel() == 1 else const.reshape(n)
         if beta != 1.0:
             bias = bias * beta
         if bias is not const:

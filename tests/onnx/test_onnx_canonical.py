@@ -150,6 +150,7 @@ def test_gemm_trans_b_is_linear_with_the_initializer() -> None:
     assert call.target is F.linear
     assert np.array_equal(buffer_of(module, call.args[1]).numpy(), w)
     assert np.array_equal(buffer_of(module, call.args[2]).numpy(), b)
+    assert (call.args[1].target, call.args[2].target) == ("w", "b"), "the initializers themselves, by name"
 
 
 def test_gemm_trans_b0_stores_the_transposed_weight() -> None:
