@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import CALIBRATION_BATCH, RESIDUAL_SCALE, build_seeded, randomize_batchnorm, scale_batchnorm
+from .common import RESIDUAL_SCALE, build_seeded, randomize_batchnorm, scale_batchnorm
 
 
 @dataclass(frozen=True)
@@ -178,17 +178,18 @@ def efficientnet_b0(
     *,
     seed: int = 0,
     residual_scale: float = RESIDUAL_SCALE,
-    calibration_size: int = 96,
+    calibration_batch: int = 2,
+    calibration_size: int = 224,
 ) -> EfficientNet:
     """EfficientNet-B0 (or a width/depth-scaled variant), in eval mode.
 
-    Random weights deterministic by ``seed``; randomized BN statistics calibrated on a random
-    ``calibration_size``^2 batch; the projection BN of each residual MBConv scaled by
-    ``residual_scale`` (see ``common.scale_batchnorm``). Input [B, 3, H, W] of any size; output
-    [B, num_classes] logits.
+    Random weights deterministic by ``seed``; randomized BN statistics calibrated on
+    ``calibration_batch`` random images of ``calibration_size``^2 (``common.calibrate_batchnorm``);
+    the projection BN of each residual MBConv scaled by ``residual_scale``
+    (``common.scale_batchnorm``). Input [B, 3, H, W] of any size; output [B, num_classes] logits.
     """
     return build_seeded(
         lambda: _random_efficientnet(width_mult, depth_mult, num_classes, residual_scale),
         seed,
-        (CALIBRATION_BATCH, 3, calibration_size, calibration_size),
+        (calibration_batch, 3, calibration_size, calibration_size),
     )

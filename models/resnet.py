@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from .common import (
-    CALIBRATION_BATCH,
     RESIDUAL_SCALE,
     build_seeded,
     fusable_chain_heads,
@@ -111,16 +110,18 @@ def resnet(
     *,
     seed: int = 0,
     residual_scale: float = RESIDUAL_SCALE,
-    calibration_size: int = 96,
+    calibration_batch: int = 4,
+    calibration_size: int = 128,
 ) -> ResNet:
     """A bottleneck ResNet (ResNet-50 by default), in eval mode.
 
-    Random weights deterministic by ``seed``; randomized BN statistics calibrated on a random
-    ``calibration_size``^2 batch; each bottleneck's bn3 scaled by ``residual_scale`` (see
-    ``common.scale_batchnorm``). Input [B, 3, H, W] of any size; output [B, num_classes] logits.
+    Random weights deterministic by ``seed``; randomized BN statistics calibrated on
+    ``calibration_batch`` random images of ``calibration_size``^2 (``common.calibrate_batchnorm``);
+    each bottleneck's bn3 scaled by ``residual_scale`` (``common.scale_batchnorm``). Input
+    [B, 3, H, W] of any size; output [B, num_classes] logits.
     """
     return build_seeded(
         lambda: _random_resnet(layers, width, num_classes, residual_scale),
         seed,
-        (CALIBRATION_BATCH, 3, calibration_size, calibration_size),
+        (calibration_batch, 3, calibration_size, calibration_size),
     )

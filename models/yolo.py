@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .common import CALIBRATION_BATCH, RESIDUAL_SCALE, build_seeded, randomize_batchnorm, scale_batchnorm
+from .common import RESIDUAL_SCALE, build_seeded, randomize_batchnorm, scale_batchnorm
 
 # ultralytics/cfg/models/v8/yolov8.yaml. scales: [depth multiple, width multiple, max channels].
 YOLOV8: dict[str, Any] = {
@@ -338,21 +338,23 @@ def yolov8(
     *,
     seed: int = 0,
     residual_scale: float = RESIDUAL_SCALE,
-    calibration_size: int = 128,
+    calibration_batch: int = 4,
+    calibration_size: int = 192,
 ) -> DetectionModel:
     """A YOLOv8 detector at ``scale`` ("n", "s", "m", "l", "x") with ``nc`` classes, in eval mode.
 
-    Random weights deterministic by ``seed``; randomized BN statistics calibrated on a random
-    ``calibration_size``^2 batch; the BN ending each Bottleneck's shortcut branch scaled by
-    ``residual_scale`` (see ``common.scale_batchnorm``). Input [B, 3, H, W] with H, W multiples of 32;
-    output [B, 4 + nc, anchors].
+    Random weights deterministic by ``seed``; randomized BN statistics calibrated on
+    ``calibration_batch`` random images of ``calibration_size``^2 (``common.calibrate_batchnorm``);
+    the BN ending each Bottleneck's shortcut branch scaled by ``residual_scale``
+    (``common.scale_batchnorm``). Input [B, 3, H, W] with H, W multiples of 32; output
+    [B, 4 + nc, anchors]: boxes (x, y, w, h) in input pixels, then class probabilities.
     """
     if calibration_size % 32:
         raise ValueError(f"calibration_size must be a multiple of 32, got {calibration_size}")
     model = build_seeded(
         lambda: _random_detector(scale, nc, residual_scale),
         seed,
-        (CALIBRATION_BATCH, 3, calibration_size, calibration_size),
+        (calibration_batch, 3, calibration_size, calibration_size),
     )
     model.model[-1]._reset_anchors()
     return model
