@@ -19,7 +19,7 @@ from torch import nn
 
 from fuser import ops
 from fuser.canonicalize import canonicalize
-from fuser.capture import Capture, CapturedGraph, capture, install, propagate_shapes
+from fuser.capture import Capture, CapturedGraph, UntracedModule, capture, install, propagate_shapes
 from fuser.chain import Chain
 from fuser.cuda_graphs import GraphReplay
 from fuser.graph_ops import CONV_ARGS, CONV_DEFAULTS, bind, constant_tensor
@@ -175,7 +175,7 @@ def _run_pipeline(
     captured = _capture(working)
     if inputs is not None:
         try:
-            propagate_shapes(working, captured.graphs, inputs)
+            propagate_shapes(working, captured, inputs)
         except Exception as error:
             raise ValueError(
                 f"the model raised {type(error).__name__} on the example inputs ({_describe_inputs(inputs)}): {error}"
@@ -183,11 +183,18 @@ def _run_pipeline(
     report = FusionReport(untraced=captured.untraced, precision=policy.value, backend=backend)
     root = working
     for graph in captured.graphs:
-        canonicalize(graph.gm)
-        result = find_chains(graph.gm, graph.path)
-        report.entries += [ChainReport.from_chain(c, True, kernel=_kernel_for(c, graph.gm)) for c in result.accepted]
-        report.entries += [ChainReport.from_chain(r.chain, False, reason=r.reason) for r in result.rejected]
-        if rewrite and rewrite_chains(graph.gm, result.accepted, policy, backend):
+        try:
+            canonicalize(graph.gm)
+            result = find_chains(graph.gm, graph.path)
+            entries = [ChainReport.from_chain(c, True, kernel=_kernel_for(c, graph.gm)) for c in result.accepted]
+            entries += [ChainReport.from_chain(r.chain, False, reason=r.reason) for r in result.rejected]
+            rewritten = rewrite and rewrite_chains(graph.gm, result.accepted, policy, backend)
+        except Exception as error:  # never fail the user's model over one graph: leave it as it was
+            reason = f"fuser failed on its graph ({type(error).__name__}: {error}); left as it is - please report"
+            report.untraced.append(UntracedModule(graph.path or "(model)", type(graph.module).__name__, reason))
+            continue
+        report.entries += entries
+        if rewritten:
             root = install(captured, graph, graph.gm)
     return root, report
 

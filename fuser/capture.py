@@ -127,37 +127,52 @@ def capture(model: nn.Module) -> Capture:
     return result
 
 
-def propagate_shapes(model: nn.Module, graphs: list[CapturedGraph], example_inputs: tuple[Any, ...]) -> None:
+def propagate_shapes(model: nn.Module, capture: Capture, example_inputs: tuple[Any, ...]) -> None:
     """Run ``model`` once on ``example_inputs``, recording shapes and dtypes on every traced graph's nodes.
 
     Each traced module runs its graph through a shape recorder for its first call, so this one forward
-    pass is at once the check that the model accepts the inputs and the shape propagation. (Fake tensors
-    would skip the arithmetic, but importing and dispatching them costs more than a forward pass of the
-    models this library targets on a CPU.) Exceptions propagate: the model rejects these inputs.
+    pass is at once the check that the model accepts the inputs and the shape propagation. A traced graph
+    that fails where its module's own forward runs is dropped from ``capture.graphs`` (reported in
+    ``capture.untraced``): torch.fx traced something that is not the module's function. An exception that
+    the model's own code raises propagates: the model rejects these inputs.
     """
     saved = [(m, dict(m.__dict__)) for m in model.modules()]  # a forward may cache what it computes
-    for g in graphs:
+    broken: dict[int, str] = {}
+    for g in capture.graphs:
         if g.path == "":
             continue
 
         def forward(*args: Any, g: CapturedGraph = g, **kwargs: Any) -> Any:
-            if g.example_inputs is None and not kwargs:
-                g.example_inputs = args
-                return _ShapeRecorder(g.gm).run(*args)
-            return g.gm(*args, **kwargs)
+            if g.example_inputs is None and not kwargs and id(g) not in broken:
+                try:
+                    result = _ShapeRecorder(g.gm).run(*args)
+                    g.example_inputs = args
+                    return result
+                except Exception as error:
+                    broken[id(g)] = _first_line(error)
+            return type(g.module).forward(g.module, *args, **kwargs)
 
         object.__setattr__(g.module, "forward", forward)
     try:
         with torch.no_grad():
-            if len(graphs) == 1 and graphs[0].path == "":
-                graphs[0].example_inputs = example_inputs
-                _ShapeRecorder(graphs[0].gm).run(*example_inputs)
+            if len(capture.graphs) == 1 and capture.graphs[0].path == "":
+                root = capture.graphs[0]
+                try:
+                    _ShapeRecorder(root.gm).run(*example_inputs)
+                    root.example_inputs = example_inputs
+                except Exception as error:
+                    model(*example_inputs)  # raises if the model itself rejects the inputs
+                    broken[id(root)] = _first_line(error)
             else:
                 model(*example_inputs)
     finally:
         for m, attributes in saved:
             m.__dict__.clear()
             m.__dict__.update(attributes)
+    for g in [g for g in capture.graphs if id(g) in broken]:
+        capture.graphs.remove(g)
+        reason = f"its traced graph fails where its forward runs ({broken[id(g)]}); left as it is"
+        capture.untraced.append(UntracedModule(g.path or "(model)", type(g.module).__name__, reason))
 
 
 class _ShapeRecorder(fx.Interpreter):

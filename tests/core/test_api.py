@@ -185,3 +185,47 @@ def test_optimizing_twice_gives_the_same_result():
     b = fuser.optimize(copy.deepcopy(model), (x,), backend="torch")
     with torch.no_grad():
         assert torch.equal(a(x), b(x))
+
+
+class TryExcept(nn.Module):
+    """Eager falls back to `b` when `a` rejects the input; torch.fx records only the `a` path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = ConvBnAct(nn.SiLU(), 3, 4)
+        self.b = ConvBnAct(nn.SiLU(), 5, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        try:
+            return self.a(x)
+        except RuntimeError:
+            return self.b(x)
+
+
+def test_traced_graph_that_fails_where_eager_runs_is_left_alone():
+    model = seeded(TryExcept())
+    x = torch.randn(2, 5, 9, 7)
+    opt = fuser.optimize(model, (x,), backend="torch")
+    report = opt.fusion_report
+    assert [u.path for u in report.untraced] == ["(model)"]
+    assert "traced graph fails where its forward runs" in report.untraced[0].reason
+    assert not report.fused
+    with torch.no_grad():
+        assert_close(opt(x), reference64(model, x), "ieee")
+
+
+def test_an_internal_failure_leaves_that_graph_unoptimized(monkeypatch):
+    import fuser.api
+
+    def broken(*args, **kwargs):
+        raise KeyError("simulated bug")
+
+    monkeypatch.setattr(fuser.api, "find_chains", broken)
+    model = seeded(Untraceable())
+    x = torch.randn(1, 3, 21, 19)
+    opt = fuser.optimize(model, (x,), backend="torch")
+    assert not opt.fusion_report.fused
+    reasons = [u.reason for u in opt.fusion_report.untraced]
+    assert sum("simulated bug" in r and "please report" in r for r in reasons) == 3
+    with torch.no_grad():
+        assert_close(opt(x), reference64(model, x), "ieee")
