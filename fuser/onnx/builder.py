@@ -125,6 +125,8 @@ class GraphBuilder:
         self._sizes: dict[tuple[fx.Node, int], fx.Node] = {}
         self._attr_names: set[str] = set()
         self._constant_names: dict[int, tuple[torch.Tensor, str]] = {}
+        self._placeholders: list[fx.Node] = []
+        self._device: fx.Node | None = None
         self.items = ItemOps(emit=self._emit_item, is_nonnegative=self.is_nonnegative)
 
     # -- names and buffers -----------------------------------------------------------------------
@@ -140,7 +142,16 @@ class GraphBuilder:
     def placeholder(self, onnx_name: str) -> fx.Node:
         node = self.graph.placeholder(python_name(onnx_name, "input"))
         node.meta["onnx_value"] = onnx_name
+        self._placeholders.append(node)
         return node
+
+    def device(self) -> fx.Node | None:
+        """``x.device`` of the first graph input, read at run time: where tensors created at run time
+        (arange, full, shape vectors) must live, so that the module still works after ``.to(device)``."""
+        if self._device is None and self._placeholders:
+            with self.graph.inserting_after(self._placeholders[-1]):
+                self._device = self._create("call_function", getattr, (self._placeholders[0], "device"), {})
+        return self._device
 
     def name_constant(self, tensor: torch.Tensor, name: str) -> None:
         """Remember ``name`` (an ONNX value name) for ``tensor``'s buffer, should it become one."""
@@ -169,7 +180,8 @@ class GraphBuilder:
             if value.is_constant:
                 return self.buffer(value.to_tensor(), hint)
             items = value.items[0] if value.scalar else list(value.items)
-            return self._create("call_function", torch.tensor, (items,), {"dtype": value.dtype})
+            kwargs = {"dtype": value.dtype, "device": self.device()}
+            return self._create("call_function", torch.tensor, (items,), kwargs)
         raise TypeError(f"not a tensor value: {value!r}")
 
     # -- emitting --------------------------------------------------------------------------------
@@ -182,13 +194,18 @@ class GraphBuilder:
     def _emit_item(self, target: Any, args: tuple) -> fx.Node:
         return self._create("call_function", target, args, {})
 
-    def call(self, kind: str, target: Any, args: tuple, kwargs: dict | None = None) -> Any:
+    def call(
+        self, kind: str, target: Any, args: tuple, kwargs: dict | None = None, *, creates_tensor: bool = False
+    ) -> Any:
         """Emit ``target(*args, **kwargs)`` (kind "call_function") or ``args[0].target(...)`` ("call_method").
 
         Runs it now when every argument is known at import time (constant folding); otherwise constant
-        tensors among the arguments become buffers and ShapeValues run-time tensors.
+        tensors among the arguments become buffers and ShapeValues run-time tensors. A call that
+        ``creates_tensor`` from sizes (arange, full) gets ``device=`` the graph inputs' device.
         """
         kwargs = kwargs or {}
+        if creates_tensor and _is_runtime((args, kwargs)):
+            kwargs = {**kwargs, "device": self.device()}
         if not _is_runtime((args, kwargs)):
             cargs, ckwargs = _map_args((args, kwargs), lambda v: v.to_tensor() if isinstance(v, ShapeValue) else v)
             with torch.no_grad():
@@ -358,6 +375,11 @@ class NodeContext:
     def call(self, target: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``target(*args, **kwargs)`` as a graph node, or its value when all arguments are constants."""
         return self.builder.call("call_function", target, args, kwargs)
+
+    def create(self, target: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """A tensor-creating call (``torch.arange``, ``torch.full``): folded like :meth:`call`, else made on
+        the device of the graph inputs (torch would make it on the default device)."""
+        return self.builder.call("call_function", target, args, kwargs, creates_tensor=True)
 
     def method(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """``args[0].name(*args[1:], **kwargs)``, folded like :meth:`call`."""

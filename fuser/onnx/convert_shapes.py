@@ -267,7 +267,7 @@ def constant_of_shape(ctx: NodeContext) -> Any:
     target = as_shape_value(ctx.input(0))
     if target is None:
         raise ctx.unsupported("a shape computed as a run-time tensor (not from Shape arithmetic)")
-    return ctx.call(torch.full, tuple(target.items), value.reshape(()).item(), dtype=value.dtype)
+    return ctx.create(torch.full, tuple(target.items), value.reshape(()).item(), dtype=value.dtype)
 
 
 @converter("Range", opsets=(11, 21))
@@ -278,4 +278,4 @@ def range_(ctx: NodeContext) -> Any:
         vector = as_shape_value(value) if not isinstance(value, fx.Node) else None
         bounds.append(vector.items[0] if vector is not None else value)
     dtype = ctx.dtype(0) or torch.int64
-    return ctx.call(torch.arange, *bounds, dtype=dtype)
+    return ctx.create(torch.arange, *bounds, dtype=dtype)

@@ -193,7 +193,7 @@ def test_initializer_listed_as_input_is_a_constant() -> None:
     w = RNG.standard_normal((3,)).astype(np.float32)
     nodes = [helper.make_node("Mul", ["x", "w"], ["y"])]
     graph = helper.make_graph(nodes, "g", [info("x", ["N", 3]), info("w", [3])], [info("y", ["N", 3])], [const("w", w)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     module = check_import(model, "initializer as input")
     assert [n.target for n in module.graph.nodes if n.op == "placeholder"] == ["x"]
 

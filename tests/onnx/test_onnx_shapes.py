@@ -346,3 +346,22 @@ def test_shape_arithmetic_div_mul_cast() -> None:
     inits = [const("div", [1, 2, 1, 1]), const("mul", [1, 1, 2, 1])]
     model = make_model(nodes, [info("x", SHAPE)], [info("y", ["N", 3, 10, 7])], inits, opset=13)
     check_import(model, "shape arithmetic")
+
+
+def test_tensors_made_at_run_time_follow_the_input_device() -> None:
+    """arange, full and shape vectors made at run time land on the inputs' device, so the module works
+    after ``.to(device)`` (meta stands in for CUDA: mixing it with a CPU tensor fails the same way)."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["b"], axis=0),
+        helper.make_node("Range", ["zero", "b", "one"], ["y0"]),
+        helper.make_node("ConstantOfShape", ["s"], ["c"], value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.5])),
+        helper.make_node("Sub", ["x", "c"], ["y1"]),
+        helper.make_node("Gather", ["s", "idx"], ["y2"], axis=0),
+    ]
+    inits = [const("zero", np.int64(0)), const("one", np.int64(1)), const("idx", [3, 0])]
+    outputs = [info("y0", None, INT64), info("y1", None), info("y2", None, INT64)]
+    module = check_import(make_model(nodes, [info("x", SHAPE)], outputs, inits, opset=13), "run-time tensors")
+    outs = module.to("meta")(torch.empty(4, 6, 5, 7, device="meta"))
+    assert [o.device.type for o in outs] == ["meta"] * 3
+    assert [tuple(o.shape) for o in outs] == [(4,), (4, 6, 5, 7), (2,)]
