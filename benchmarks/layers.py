@@ -98,6 +98,17 @@ def bench_all(fns: dict[str, object], rounds: int = 2) -> dict[str, float]:
     return best
 
 
+def host_us(fn, calls: int = 200) -> float:
+    """CPU microseconds to enqueue one call (launcher + framework overhead), GPU work not waited for."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
 def measure_ceilings() -> dict[str, float]:
     """Matmul TFLOP/s per dtype (8192^3, cuBLAS) and device copy bandwidth (bytes read + written)."""
     n = 8192
@@ -200,6 +211,8 @@ def conv_row(layer: ConvLayer, batch: int, dtype_name: str, ceilings: dict[str, 
             fn, row["compile_s"] = compiled(block_cl, x_cl)
             variants["torch_compile_ms"] = lambda: fn(x_cl)
         row.update(bench_all(variants))
+        row["fused_host_us"] = host_us(fused)
+        row["eager_cl_host_us"] = host_us(variants["eager_cl_ms"])
     oh = layer.out_size()
     size = x.element_size()
     flops = 2 * batch * oh * oh * layer.c_out * (layer.c_in // layer.groups) * layer.kernel**2
@@ -247,6 +260,8 @@ def linear_row(layer: LinearLayer, dtype_name: str, ceilings: dict[str, float], 
             fn, row["compile_s"] = compiled(module, a)
             variants["torch_compile_ms"] = lambda: fn(a)
         row.update(bench_all(variants))
+        row["fused_host_us"] = host_us(fused)
+        row["eager_host_us"] = host_us(variants["eager_ms"])
     size = a.element_size()
     flops = 2 * layer.m * layer.k * layer.n
     nbytes = size * (layer.m * layer.k + layer.k * layer.n + layer.m * layer.n)
@@ -339,7 +354,7 @@ def short_line(row: dict) -> str:
     return (
         f"{row['layer']:<34} B={row['batch']:<5} {row['dtype']}  fused {row['fused_ms']:.4f}  "
         f"base {base:.4f}  compile {tc if tc is None else round(tc, 4)}  floor {row['floor_ms']:.4f}  "
-        f"err {row['fused_rel_error']:.1e}"
+        f"err {row['fused_rel_error']:.1e}  host {row['fused_host_us']:.0f} us"
     )
 
 

@@ -54,12 +54,25 @@ _lock = threading.Lock()
 _warned_unwritable = False
 
 
+_plan_caches: list[dict[Any, Any]] = []
+
+
+def register_plan_cache(cache: dict[Any, Any]) -> None:
+    """A launcher's memo of launch plans (which embed tile choices): emptied with the choices."""
+    _plan_caches.append(cache)
+
+
 def set_cache_dir(path: str | os.PathLike[str] | None) -> None:
-    """Where measured tile choices are stored (None: back to $FUSER_CACHE_DIR or the default)."""
+    """Where measured tile choices are stored (None: back to $FUSER_CACHE_DIR or the default).
+
+    Forgets the choices held in memory, so the next call of each shape reads (or measures) again.
+    """
     global _cache_dir_override
     _cache_dir_override = Path(path) if path is not None else None
     with _lock:
         _memory.clear()
+        for cache in _plan_caches:
+            cache.clear()
 
 
 def cache_dir() -> Path:

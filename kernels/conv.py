@@ -19,7 +19,7 @@ aligned and groups == 1; the pointer path takes every other case.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -28,10 +28,10 @@ import triton.language as tl
 
 from . import autotune
 from .autotune import TileConfig, matmul_candidates
-from .depthwise import launch_depthwise
-from .direct_conv import direct_applies, launch_direct
+from .depthwise import prepare_depthwise
+from .direct_conv import direct_applies, prepare_direct
 from .epilogue import NO_EPILOGUE, Epilogue, apply_epilogue
-from .gemm import launch_gemm
+from .gemm import prepare_gemm
 from .launch import (
     aligned_2d,
     cdiv,
@@ -242,6 +242,16 @@ INTERPRET_CONFIG = TileConfig(128, 32, 32, 2, 4, 1)
 INTERPRET_CONFIG_NARROW = TileConfig(128, 32, 16, 2, 4, 1)
 
 
+def tensor_meta(t: torch.Tensor | None) -> tuple[Any, ...] | None:
+    """What a launch plan depends on in an input tensor (not its values)."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+
+
+# Launch plans by call signature (see gemm.py): checks, dispatch, tile choice once; then allocate and launch.
+_plans: dict[tuple[Any, ...], Callable[..., torch.Tensor]] = {}
+autotune.register_plan_cache(_plans)
+
+
 def conv2d_act(
     x: torch.Tensor,
     weight: PackedConvWeight,
@@ -264,6 +274,35 @@ def conv2d_act(
     ``interpret=True`` runs the same kernels in Triton's interpreter on CPU tensors. ``path`` forces
     the tensor-descriptor or the pointer path (tests).
     """
+    try:
+        key = (
+            tensor_meta(x), tensor_meta(weight.data), weight.out_channels, weight.in_channels, weight.kernel_size,
+            weight.groups, weight.precision, tensor_meta(bias), tensor_meta(residual), stride, padding, dilation,
+            epilogue, interpret, path,
+        )  # fmt: skip
+        plan = _plans.get(key)
+    except (AttributeError, TypeError):  # not tensors, or unhashable: the checks will say what is wrong
+        key, plan = None, None
+    if plan is None:
+        plan = _plan_conv(x, weight, bias, stride, padding, dilation, epilogue, residual, interpret, path)
+        if key is not None:
+            _plans[key] = plan
+    return plan(x, weight.data, bias, residual)
+
+
+def _plan_conv(
+    x: torch.Tensor,
+    weight: PackedConvWeight,
+    bias: torch.Tensor | None,
+    stride: int | Sequence[int],
+    padding: int | Sequence[int],
+    dilation: int | Sequence[int],
+    epilogue: Epilogue,
+    residual: torch.Tensor | None,
+    interpret: bool,
+    path: str,
+) -> Callable[..., torch.Tensor]:
+    """Check one call's inputs (clear errors), pick the kernel and build the plan for calls like it."""
     op = "conv2d_act"
     if not isinstance(weight, PackedConvWeight):
         raise TypeError(f"{op}: weight must be a PackedConvWeight (see pack_conv_weight), got {type(weight)}")
@@ -292,13 +331,14 @@ def conv2d_act(
         )
     device = check_device(op, interpret, {"x": x, "weight": weight.data, "bias": bias, "residual": residual})
     bias32 = check_bias(op, bias, c_out)
-    res4 = check_residual(op, epilogue, residual, (n, c_out, oh, ow))
-    out_nhwc = torch.empty((n, oh, ow, c_out), dtype=x.dtype, device=device)
-    out = out_nhwc.permute(0, 3, 1, 2)
-    if out.numel() == 0:
-        return out
+    convert_bias = bias32 is not None and bias32 is not bias
+    out4 = (n, c_out, oh, ow)
+    res4 = check_residual(op, epilogue, residual, out4)
+    nhwc, dtype = (n, oh, ow, c_out), x.dtype
+    out_nhwc = torch.empty(nhwc, dtype=dtype, device=device)
+    if out_nhwc.numel() == 0:
+        return lambda x, w, bias, residual: torch.empty(nhwc, dtype=dtype, device=device).permute(0, 3, 1, 2)
     precision = weight.precision
-
     c_in_g = c_in // groups
     direct = direct_applies(c_in_g, (kh, kw))
     if path == "descriptor" and (weight.depthwise or direct):
@@ -306,67 +346,34 @@ def conv2d_act(
             f"{op}: the descriptor path does not exist for {'depthwise' if weight.depthwise else 'direct'} "
             f"convolutions (C_in={c_in}, groups={groups}); they read through pointers"
         )
+    as_input = as_residual = as_output = lambda t: t
     if weight.depthwise:
-        launch_depthwise(
-            x,
-            weight.data,
-            (kh, kw),
-            bias32,
-            epilogue,
-            res4,
-            out_nhwc,
-            stride,
-            padding,
-            dilation,
-            interpret,
-            precision.value,
-        )
-        return out
-    if kh == kw == 1 and stride == (1, 1) and padding == (0, 0, 0, 0) and groups == 1:
-        a3 = x.permute(0, 2, 3, 1).reshape(n, h * w, c_in)
-        res3 = None if res4 is None else res4.permute(0, 2, 3, 1).reshape(n, h * w, c_out)
-        launch_gemm(
-            op,
-            a3,
-            weight.data,
-            c_out,
-            precision,
-            bias32,
-            epilogue,
-            res3,
-            out_nhwc.view(n * h * w, c_out),
-            interpret,
-            path,
-        )
-        return out
+        run = prepare_depthwise(x, weight.data, (kh, kw), bias32, epilogue, res4, out_nhwc, stride, padding,
+                                dilation, interpret, precision.value)  # fmt: skip
+    elif kh == kw == 1 and stride == (1, 1) and padding == (0, 0, 0, 0) and groups == 1:
+        as_input = lambda t: t.permute(0, 2, 3, 1).reshape(n, h * w, c_in)
+        as_residual = lambda t: t.permute(0, 2, 3, 1).reshape(n, h * w, c_out)
+        as_output = lambda t: t.view(n * h * w, c_out)
+        res3 = None if res4 is None else as_residual(res4)
+        run = prepare_gemm(op, as_input(x), weight.data, c_out, precision, bias32, epilogue, res3,
+                           as_output(out_nhwc), interpret, path)  # fmt: skip
+    elif direct:
+        run = prepare_direct(x, weight.data, c_out, groups, (kh, kw), bias32, epilogue, res4, out_nhwc,
+                             stride, padding, dilation, interpret, precision.value)  # fmt: skip
+    else:
+        run = prepare_implicit_gemm(op, x, weight, bias32, epilogue, res4, out_nhwc, stride, padding, dilation,
+                                    interpret, path)  # fmt: skip
 
-    if direct:
-        launch_direct(
-            x,
-            weight.data,
-            c_out,
-            groups,
-            (kh, kw),
-            bias32,
-            epilogue,
-            res4,
-            out_nhwc,
-            stride,
-            padding,
-            dilation,
-            interpret,
-            precision.value,
-        )
-        return out
-    launch_implicit_gemm(op, x, weight, bias32, epilogue, res4, out_nhwc, stride, padding, dilation, interpret, path)
-    return out
+    def plan(x: torch.Tensor, w: torch.Tensor, bias: Any, residual: Any) -> torch.Tensor:
+        out_nhwc = torch.empty(nhwc, dtype=dtype, device=device)
+        res = None if residual is None else as_residual(residual.expand(out4))
+        run(as_input(x), w, bias.float().contiguous() if convert_bias else bias, res, as_output(out_nhwc))
+        return out_nhwc.permute(0, 3, 1, 2)
+
+    return plan
 
 
-# One launch plan per distinct call signature (see gemm.py).
-_plans: dict[tuple[Any, ...], tuple[bool, TileConfig, dict[str, Any]]] = {}
-
-
-def launch_implicit_gemm(
+def prepare_implicit_gemm(
     op: str,
     x: torch.Tensor,
     weight: PackedConvWeight,
@@ -379,8 +386,9 @@ def launch_implicit_gemm(
     dilation: tuple[int, int],
     interpret: bool,
     path: str,
-) -> Any:
-    """Run the implicit-GEMM kernel on checked inputs into ``out_nhwc [N, OH, OW, C_out]`` (contiguous)."""
+) -> Callable[..., Any]:
+    """Choose path and tile for checked example inputs; return ``run(x, w, bias32, res4, out_nhwc)``
+    for every call of the same signature (``out_nhwc [N, OH, OW, C_out]`` contiguous)."""
     n, c_in, h, w = x.shape
     _, oh, ow, c_out = out_nhwc.shape
     kh, kw = weight.kernel_size
@@ -391,120 +399,79 @@ def launch_implicit_gemm(
     flat_k = c_in_g < FLAT_K_BELOW
     out2 = out_nhwc.view(m, c_out)
     elem = w_data.element_size()
-    aligned = groups == 1 and aligned_2d(w_data) and aligned_2d(out2) and (flat_k or (c_in_g * elem) % 16 == 0)
-    plan_key = (
-        x.shape,
-        x.stride(),
-        x.dtype,
-        w_data.dtype,
-        c_out,
-        groups,
-        (kh, kw),
-        stride,
-        padding,
-        dilation,
-        aligned,
-        bias32 is not None,
-        epilogue,
-        precision,
-        path,
-        interpret,
-        x.device,
+    can_desc = (
+        groups == 1
+        and aligned_2d(w_data)
+        and aligned_2d(out2)
+        and (flat_k or (c_in_g * elem) % 16 == 0)
+        and descriptors_available(x.device)
     )
-    res_strides = res4.stride() if res4 is not None else (0, 0, 0, 0)
-
-    def run(use_desc: bool, config: TileConfig, options: dict[str, Any]) -> Any:
-        if use_desc:
-            w_ref = make_descriptor(w_data, [config.block_n, config.block_k])
-            out_ref = make_descriptor(out2, [config.block_m, config.block_n])
-        else:
-            w_ref, out_ref = w_data, out2
-        grid = (cdiv(m, config.block_m) * cdiv(c_out_g, config.block_n), groups)
-        return launch(
-            _conv2d_act_kernel,
-            grid,
-            (
-                x,
-                w_ref,
-                bias32,
-                res4,
-                out_ref,
-                h,
-                w,
-                c_in_g,
-                oh,
-                ow,
-                c_out_g,
-                m,
-                k_total,
-                stride[0],
-                stride[1],
-                padding[0],
-                padding[2],
-                dilation[0],
-                dilation[1],
-                x.stride(0),
-                x.stride(2),
-                x.stride(3),
-                x.stride(1),
-                w_data.stride(0),
-                *res_strides,
-                out2.stride(0),
-                float(epilogue.alpha),
-                float(epilogue.scale),
-            ),
-            options,
-            interpret,
+    if path == "descriptor" and not can_desc:
+        raise ValueError(
+            f"{op}: the descriptor path needs groups == 1, 16-byte aligned output rows (C_out={c_out}, "
+            f"{x.dtype}), C_in={c_in} aligned to 16 bytes in {w_data.dtype} (or C_in < {FLAT_K_BELOW}), "
+            "and a GPU with TMA"
         )
+    use_desc = can_desc and path != "pointer"
+    res_strides = res4.stride() if res4 is not None else (0, 0, 0, 0)
+    scalars = (
+        h, w, c_in_g, oh, ow, c_out_g, m, k_total,
+        stride[0], stride[1], padding[0], padding[2], dilation[0], dilation[1],
+        x.stride(0), x.stride(2), x.stride(3), x.stride(1),
+        w_data.stride(0),
+        *res_strides,
+        c_out,
+        float(epilogue.alpha), float(epilogue.scale),
+    )  # fmt: skip
+    constexprs = {
+        "KH": kh,
+        "KW": kw,
+        "FLAT_K": flat_k,
+        "HAS_BIAS": bias32 is not None,
+        "ACT": int(epilogue.act),
+        "RESIDUAL": int(epilogue.residual),
+        "HAS_SCALE": epilogue.scale != 1.0,
+        "DOT_PRECISION": dot_precision(precision, w_data.dtype),
+        "UPCAST": interpret,
+        "USE_DESC": use_desc,
+    }
 
-    plan = _plans.get(plan_key)
-    if plan is None:
-        can_desc = aligned and descriptors_available(x.device)
-        if path == "descriptor" and not can_desc:
-            raise ValueError(
-                f"{op}: the descriptor path needs groups == 1, 16-byte aligned output rows (C_out={c_out}, "
-                f"{x.dtype}), C_in={c_in} aligned to 16 bytes in {w_data.dtype} (or C_in < {FLAT_K_BELOW}), "
-                "and a GPU with TMA"
-            )
-        use_desc = can_desc and path != "pointer"
-        constexprs = {
-            "KH": kh,
-            "KW": kw,
-            "FLAT_K": flat_k,
-            "HAS_BIAS": bias32 is not None,
-            "ACT": int(epilogue.act),
-            "RESIDUAL": int(epilogue.residual),
-            "HAS_SCALE": epilogue.scale != 1.0,
-            "DOT_PRECISION": dot_precision(precision, w_data.dtype),
-            "UPCAST": interpret,
-            "USE_DESC": use_desc,
-        }
-        if interpret:
-            config = INTERPRET_CONFIG if flat_k or c_in_g > 16 else INTERPRET_CONFIG_NARROW
-        else:
-            key = {
-                "x": [n, c_in, h, w],
-                "x_strides": list(x.stride()),
-                "c_out": c_out,
-                "kernel": [kh, kw],
-                "stride": list(stride),
-                "padding": list(padding),
-                "dilation": list(dilation),
-                "groups": groups,
-                "x_dtype": str(x.dtype),
-                "precision": precision.value,
-                "descriptor": use_desc,
-                "gpu": torch.cuda.get_device_name(x.device),
-                "triton": triton.__version__,
-            }
-            config = autotune.choose(
-                "conv2d_act",
-                key,
-                conv_candidates(m, c_in_g, c_out_g, k_total, elem, flat_k),
-                lambda c: autotune.do_bench_ms(
-                    lambda: run(use_desc, c, launch_options(_conv2d_act_kernel, constexprs, c))
-                ),
-            )
-        plan = (use_desc, config, launch_options(_conv2d_act_kernel, constexprs, config))
-        _plans[plan_key] = plan
-    return run(*plan)
+    def runner(config: TileConfig) -> Callable[..., Any]:
+        options = launch_options(_conv2d_act_kernel, constexprs, config)
+        grid = (cdiv(m, config.block_m) * cdiv(c_out_g, config.block_n), groups)
+        w_block, out_block = [config.block_n, config.block_k], [config.block_m, config.block_n]
+
+        def run(x: torch.Tensor, w: torch.Tensor, bias32: Any, res4: Any, out_nhwc: torch.Tensor) -> Any:
+            out2 = out_nhwc.view(m, c_out)
+            if use_desc:
+                w_ref, out_ref = make_descriptor(w, w_block), make_descriptor(out2, out_block)
+            else:
+                w_ref, out_ref = w, out2
+            return launch(_conv2d_act_kernel, grid, (x, w_ref, bias32, res4, out_ref, *scalars), options, interpret)
+
+        return run
+
+    if interpret:
+        return runner(INTERPRET_CONFIG if flat_k or c_in_g > 16 else INTERPRET_CONFIG_NARROW)
+    key = {
+        "x": [n, c_in, h, w],
+        "x_strides": list(x.stride()),
+        "c_out": c_out,
+        "kernel": [kh, kw],
+        "stride": list(stride),
+        "padding": list(padding),
+        "dilation": list(dilation),
+        "groups": groups,
+        "x_dtype": str(x.dtype),
+        "precision": precision.value,
+        "descriptor": use_desc,
+        "gpu": torch.cuda.get_device_name(x.device),
+        "triton": triton.__version__,
+    }
+    config = autotune.choose(
+        "conv2d_act",
+        key,
+        conv_candidates(m, c_in_g, c_out_g, k_total, elem, flat_k),
+        lambda c: autotune.do_bench_ms(lambda: runner(c)(x, w_data, bias32, res4, out_nhwc)),
+    )
+    return runner(config)

@@ -8,6 +8,7 @@ pixel row, and the KH*KW taps of neighbouring pixels hit the same cache lines.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -125,10 +126,7 @@ def depthwise_candidates(channels: int) -> list[TileConfig]:
     ]
 
 
-_plans: dict[tuple[Any, ...], tuple[TileConfig, dict[str, Any]]] = {}
-
-
-def launch_depthwise(
+def prepare_depthwise(
     x: torch.Tensor,
     w: torch.Tensor,
     kernel_size: tuple[int, int],
@@ -141,96 +139,58 @@ def launch_depthwise(
     dilation: tuple[int, int],
     interpret: bool,
     precision_name: str,
-) -> Any:
-    """Run the depthwise kernel on checked inputs; ``out`` is ``[N, OH, OW, C]`` contiguous (NHWC)."""
+) -> Callable[..., Any]:
+    """Choose the tile for checked example inputs; return ``run(x, w, bias32, res4, out)`` for every call
+    of the same signature. ``out`` is ``[N, OH, OW, C]`` contiguous (NHWC), ``res4`` the residual
+    expanded to ``[N, C, OH, OW]``."""
     n, c, h, wd = x.shape
     _, oh, ow, _ = out.shape
     m = n * oh * ow
     res_strides = res4.stride() if res4 is not None else (0, 0, 0, 0)
-    plan_key = (
-        x.shape,
-        x.stride(),
-        x.dtype,
-        w.dtype,
-        kernel_size,
-        stride,
-        padding,
-        dilation,
-        bias32 is not None,
-        epilogue,
-        interpret,
-        x.device,
-    )
+    scalars = (
+        h, wd, c, oh, ow, m,
+        stride[0], stride[1], padding[0], padding[2], dilation[0], dilation[1],
+        x.stride(0), x.stride(2), x.stride(3), x.stride(1),
+        *res_strides,
+        c,
+        float(epilogue.alpha), float(epilogue.scale),
+    )  # fmt: skip
+    constexprs = {
+        "KH": kernel_size[0],
+        "KW": kernel_size[1],
+        "HAS_BIAS": bias32 is not None,
+        "ACT": int(epilogue.act),
+        "RESIDUAL": int(epilogue.residual),
+        "HAS_SCALE": epilogue.scale != 1.0,
+    }
 
-    def run(config: TileConfig, options: dict[str, Any]) -> Any:
+    def runner(config: TileConfig) -> Callable[..., Any]:
+        options = launch_options(_depthwise_act_kernel, constexprs, config)
         grid = (cdiv(m, config.block_m), cdiv(c, config.block_n))
-        return launch(
-            _depthwise_act_kernel,
-            grid,
-            (
-                x,
-                w,
-                bias32,
-                res4,
-                out,
-                h,
-                wd,
-                c,
-                oh,
-                ow,
-                m,
-                stride[0],
-                stride[1],
-                padding[0],
-                padding[2],
-                dilation[0],
-                dilation[1],
-                x.stride(0),
-                x.stride(2),
-                x.stride(3),
-                x.stride(1),
-                *res_strides,
-                c,
-                float(epilogue.alpha),
-                float(epilogue.scale),
-            ),
-            options,
-            interpret,
-        )
 
-    plan = _plans.get(plan_key)
-    if plan is None:
-        constexprs = {
-            "KH": kernel_size[0],
-            "KW": kernel_size[1],
-            "HAS_BIAS": bias32 is not None,
-            "ACT": int(epilogue.act),
-            "RESIDUAL": int(epilogue.residual),
-            "HAS_SCALE": epilogue.scale != 1.0,
-        }
-        if interpret:
-            config = INTERPRET_CONFIG
-        else:
-            key = {
-                "x": [n, c, h, wd],
-                "x_strides": list(x.stride()),
-                "kernel": list(kernel_size),
-                "stride": list(stride),
-                "padding": list(padding),
-                "dilation": list(dilation),
-                "x_dtype": str(x.dtype),
-                "precision": precision_name,
-                "gpu": torch.cuda.get_device_name(x.device),
-                "triton": triton.__version__,
-            }
-            config = autotune.choose(
-                "depthwise_act",
-                key,
-                depthwise_candidates(c),
-                lambda cfg: autotune.do_bench_ms(
-                    lambda: run(cfg, launch_options(_depthwise_act_kernel, constexprs, cfg))
-                ),
-            )
-        plan = (config, launch_options(_depthwise_act_kernel, constexprs, config))
-        _plans[plan_key] = plan
-    return run(*plan)
+        def run(x: torch.Tensor, w: torch.Tensor, bias32: Any, res4: Any, out: torch.Tensor) -> Any:
+            return launch(_depthwise_act_kernel, grid, (x, w, bias32, res4, out, *scalars), options, interpret)
+
+        return run
+
+    if interpret:
+        return runner(INTERPRET_CONFIG)
+    key = {
+        "x": [n, c, h, wd],
+        "x_strides": list(x.stride()),
+        "kernel": list(kernel_size),
+        "stride": list(stride),
+        "padding": list(padding),
+        "dilation": list(dilation),
+        "x_dtype": str(x.dtype),
+        "precision": precision_name,
+        "gpu": torch.cuda.get_device_name(x.device),
+        "triton": triton.__version__,
+    }
+    config = autotune.choose(
+        "depthwise_act",
+        key,
+        depthwise_candidates(c),
+        lambda cfg: autotune.do_bench_ms(lambda: runner(cfg)(x, w, bias32, res4, out)),
+    )
+    return runner(config)

@@ -12,6 +12,7 @@ fp16 policies still round the operands to their dtype first, as the GEMM kernels
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -137,10 +138,7 @@ def direct_candidates(c_out_g: int) -> list[TileConfig]:
     ]
 
 
-_plans: dict[tuple[Any, ...], tuple[TileConfig, dict[str, Any]]] = {}
-
-
-def launch_direct(
+def prepare_direct(
     x: torch.Tensor,
     w: torch.Tensor,
     c_out: int,
@@ -155,101 +153,62 @@ def launch_direct(
     dilation: tuple[int, int],
     interpret: bool,
     precision_name: str,
-) -> Any:
-    """Run the direct kernel on checked inputs; ``out`` is ``[N, OH, OW, C_out]`` contiguous (NHWC)."""
+) -> Callable[..., Any]:
+    """Choose the tile for checked example inputs; return ``run(x, w, bias32, res4, out)`` for every call
+    of the same signature. ``out`` is ``[N, OH, OW, C_out]`` contiguous (NHWC)."""
     n, c_in, h, wd = x.shape
     _, oh, ow, _ = out.shape
     m = n * oh * ow
     c_in_g, c_out_g = c_in // groups, c_out // groups
     res_strides = res4.stride() if res4 is not None else (0, 0, 0, 0)
-    plan_key = (
-        x.shape,
-        x.stride(),
-        x.dtype,
-        w.dtype,
+    scalars = (
+        h, wd, oh, ow, c_out_g, m,
+        stride[0], stride[1], padding[0], padding[2], dilation[0], dilation[1],
+        x.stride(0), x.stride(2), x.stride(3), x.stride(1),
+        w.stride(0),
+        *res_strides,
         c_out,
-        groups,
-        kernel_size,
-        stride,
-        padding,
-        dilation,
-        bias32 is not None,
-        epilogue,
-        interpret,
-        x.device,
-    )
+        float(epilogue.alpha), float(epilogue.scale),
+    )  # fmt: skip
+    constexprs = {
+        "KH": kernel_size[0],
+        "KW": kernel_size[1],
+        "C_IN_G": c_in_g,
+        "HAS_BIAS": bias32 is not None,
+        "ACT": int(epilogue.act),
+        "RESIDUAL": int(epilogue.residual),
+        "HAS_SCALE": epilogue.scale != 1.0,
+    }
 
-    def run(config: TileConfig, options: dict[str, Any]) -> Any:
+    def runner(config: TileConfig) -> Callable[..., Any]:
+        options = launch_options(_direct_conv_act_kernel, constexprs, config)
         grid = (cdiv(m, config.block_m), cdiv(c_out_g, config.block_n), groups)
-        return launch(
-            _direct_conv_act_kernel,
-            grid,
-            (
-                x,
-                w,
-                bias32,
-                res4,
-                out,
-                h,
-                wd,
-                oh,
-                ow,
-                c_out_g,
-                m,
-                stride[0],
-                stride[1],
-                padding[0],
-                padding[2],
-                dilation[0],
-                dilation[1],
-                x.stride(0),
-                x.stride(2),
-                x.stride(3),
-                x.stride(1),
-                w.stride(0),
-                *res_strides,
-                c_out,
-                float(epilogue.alpha),
-                float(epilogue.scale),
-            ),
-            options,
-            interpret,
-        )
 
-    plan = _plans.get(plan_key)
-    if plan is None:
-        constexprs = {
-            "KH": kernel_size[0],
-            "KW": kernel_size[1],
-            "C_IN_G": c_in_g,
-            "HAS_BIAS": bias32 is not None,
-            "ACT": int(epilogue.act),
-            "RESIDUAL": int(epilogue.residual),
-            "HAS_SCALE": epilogue.scale != 1.0,
-        }
-        if interpret:
-            config = INTERPRET_CONFIG
-        else:
-            key = {
-                "x": list(x.shape),
-                "x_strides": list(x.stride()),
-                "c_out": c_out,
-                "groups": groups,
-                "kernel": list(kernel_size),
-                "stride": list(stride),
-                "padding": list(padding),
-                "dilation": list(dilation),
-                "x_dtype": str(x.dtype),
-                "precision": precision_name,
-                "gpu": torch.cuda.get_device_name(x.device),
-                "triton": triton.__version__,
-            }
-            config = autotune.choose(
-                "direct_conv_act",
-                key,
-                direct_candidates(c_out_g),
-                lambda c: autotune.do_bench_ms(lambda: run(c, launch_options(_direct_conv_act_kernel, constexprs, c))),
-            )
-        plan = (config, launch_options(_direct_conv_act_kernel, constexprs, config))
-        _plans[plan_key] = plan
-    return run(*plan)
+        def run(x: torch.Tensor, w: torch.Tensor, bias32: Any, res4: Any, out: torch.Tensor) -> Any:
+            return launch(_direct_conv_act_kernel, grid, (x, w, bias32, res4, out, *scalars), options, interpret)
+
+        return run
+
+    if interpret:
+        return runner(INTERPRET_CONFIG)
+    key = {
+        "x": list(x.shape),
+        "x_strides": list(x.stride()),
+        "c_out": c_out,
+        "groups": groups,
+        "kernel": list(kernel_size),
+        "stride": list(stride),
+        "padding": list(padding),
+        "dilation": list(dilation),
+        "x_dtype": str(x.dtype),
+        "precision": precision_name,
+        "gpu": torch.cuda.get_device_name(x.device),
+        "triton": triton.__version__,
+    }
+    config = autotune.choose(
+        "direct_conv_act",
+        key,
+        direct_candidates(c_out_g),
+        lambda c: autotune.do_bench_ms(lambda: runner(c)(x, w, bias32, res4, out)),
+    )
+    return runner(config)

@@ -146,6 +146,29 @@ def test_no_bias_and_broadcast_residual() -> None:
     assert_close(out, conv_reference(x, w, None, case, epilogue, residual.expand(out.shape)), "ieee", "broadcast")
 
 
+@pytest.mark.parametrize(
+    "case", [BY_NAME["c19_s2_asym_b3"], BY_NAME["pointwise_gemm_b3"], BY_NAME["stem_c3_s2_p1"]], ids=str
+)
+def test_repeated_calls_use_each_calls_tensors(case: ConvCase) -> None:
+    """Later calls of one signature reuse the launch plan, never the first call's weights, bias or data.
+    A bfloat16 bias also exercises the per-call float32 conversion."""
+    epilogue = Epilogue(Activation.SILU, residual=Residual.AFTER_ACT)
+    for _ in range(2):
+        x, w, b, residual = conv_inputs(case, epilogue)
+        b = b.bfloat16()
+        out = conv2d_act(
+            x,
+            pack_conv_weight(w, "ieee", groups=case.groups),
+            b,
+            stride=case.stride,
+            padding=case.padding,
+            epilogue=epilogue,
+            residual=residual,
+            interpret=True,
+        )
+        assert_close(out, conv_reference(x, w, b, case, epilogue, residual), "ieee", f"{case} repeated")
+
+
 def test_nan_propagates() -> None:
     """A NaN in the input must reach the output (no masked-away reads), and NaN never passes the check."""
     case = BY_NAME["c19_21x19_p1"]

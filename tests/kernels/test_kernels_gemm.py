@@ -103,6 +103,14 @@ def test_broadcast_residual_and_no_bias() -> None:
     assert_close(out, ref, "ieee", "row-broadcast residual")
 
 
+def test_repeated_calls_use_each_calls_tensors() -> None:
+    """Later calls of one signature reuse the launch plan, never the first call's tensors."""
+    epilogue = Epilogue(Activation.GELU_TANH, residual=Residual.BEFORE_ACT)
+    for _ in range(2):
+        out, ref = run_gemm(torch.randn(3, 7, 45), 37, epilogue)
+        assert_close(out, ref, "ieee", "repeated")
+
+
 def test_nan_propagates() -> None:
     a = torch.randn(7, 45)
     a[3, 17] = float("nan")
