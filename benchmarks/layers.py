@@ -109,6 +109,28 @@ def host_us(fn, calls: int = 200) -> float:
     return elapsed / calls * 1e6
 
 
+def mma_kind(fn) -> str:
+    """Which matrix instructions the fused kernel's PTX holds: 'wgmma' (Hopper), 'mma' (Ampere-style) or
+    'none' (CUDA-core FMA only), read from the compiled kernel one call launches."""
+    from fuser.kernels import conv, depthwise, direct_conv, gemm
+
+    modules = (conv, depthwise, direct_conv, gemm)
+    seen, originals = [], [m.launch for m in modules]
+
+    def recording(real):
+        return lambda *args, **kwargs: seen.append(real(*args, **kwargs))
+
+    for module, real in zip(modules, originals, strict=True):
+        module.launch = recording(real)
+    try:
+        fn()
+    finally:
+        for module, real in zip(modules, originals, strict=True):
+            module.launch = real
+    ptx = " ".join(k.asm["ptx"] for k in seen if k is not None)
+    return "wgmma" if "wgmma.mma_async" in ptx else "mma" if "mma.sync" in ptx else "none"
+
+
 def measure_ceilings() -> dict[str, float]:
     """Matmul TFLOP/s per dtype (8192^3, cuBLAS) and device copy bandwidth (bytes read + written)."""
     n = 8192
@@ -198,6 +220,7 @@ def conv_row(layer: ConvLayer, batch: int, dtype_name: str, ceilings: dict[str, 
         out = fused()  # first call measures the tile candidates
         torch.cuda.synchronize()
         row["fused_first_call_s"] = time.perf_counter() - t0
+        row["fused_mma"] = mma_kind(fused)
         ref = F.silu(F.conv2d(x.double(), w64, b64, layer.stride, pad, 1, layer.groups))
         row["fused_rel_error"] = rel_error(out, ref)
         del ref
@@ -248,6 +271,7 @@ def linear_row(layer: LinearLayer, dtype_name: str, ceilings: dict[str, float], 
         out = fused()
         torch.cuda.synchronize()
         row["fused_first_call_s"] = time.perf_counter() - t0
+        row["fused_mma"] = mma_kind(fused)
         ref = act(a.double() @ lin.weight.double().t() + lin.bias.double())
         row["fused_rel_error"] = rel_error(out, ref)
         del ref, out
@@ -354,7 +378,7 @@ def short_line(row: dict) -> str:
     return (
         f"{row['layer']:<34} B={row['batch']:<5} {row['dtype']}  fused {row['fused_ms']:.4f}  "
         f"base {base:.4f}  compile {tc if tc is None else round(tc, 4)}  floor {row['floor_ms']:.4f}  "
-        f"err {row['fused_rel_error']:.1e}  host {row['fused_host_us']:.0f} us"
+        f"err {row['fused_rel_error']:.1e}  host {row['fused_host_us']:.0f} us  {row['fused_mma']}"
     )
 
 
