@@ -1,0 +1,108 @@
+"""An independent count of fusable chains, read from torch.fx graphs rather than from the module tree.
+
+The models count their chains from the modules they built (``fuser.models.common``); this walks the
+traced data flow instead, so the two can disagree. Like a fusion library, it traces the largest
+submodules that trace (recursing into the children of any that does not) and applies the rule of
+``fusable_chain_heads`` to each graph:
+
+- a Conv2d whose only user is a BatchNorm2d;
+- a Conv2d with bias whose only user is an activation (or that feeds both ``sigmoid`` and a ``mul`` of
+  itself with it, the written-out SiLU);
+- a Linear whose only user is an activation or an add.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+ACTIVATION_MODULE_TYPES = (
+    nn.SiLU,
+    nn.ReLU,
+    nn.ReLU6,
+    nn.LeakyReLU,
+    nn.Hardswish,
+    nn.Hardtanh,
+    nn.GELU,
+    nn.Sigmoid,
+    nn.Tanh,
+)
+ACTIVATION_FUNCTIONS = {
+    F.silu,
+    F.relu,
+    F.relu6,
+    F.leaky_relu,
+    F.hardswish,
+    F.hardtanh,
+    F.gelu,
+    torch.sigmoid,
+    torch.tanh,
+    torch.relu,
+}
+ACTIVATION_METHODS = {"sigmoid", "tanh", "relu"}
+ADDS = {operator.add, operator.iadd, torch.add}
+
+
+def traced_units(module: nn.Module, path: str = "") -> tuple[list[tuple[str, fx.GraphModule]], list[str]]:
+    """(path, graph) for the largest submodules of ``module`` that trace, and the paths that did not."""
+    try:
+        return [(path, fx.symbolic_trace(module))], []
+    except Exception:
+        units: list[tuple[str, fx.GraphModule]] = []
+        failed = [path]
+        for name, child in module.named_children():
+            child_units, child_failed = traced_units(child, f"{path}{name}.")
+            units += child_units
+            failed += child_failed
+        return units, failed
+
+
+def _is_activation(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
+    if node.op == "call_module":
+        return isinstance(modules[node.target], ACTIVATION_MODULE_TYPES)
+    if node.op == "call_function":
+        return node.target in ACTIVATION_FUNCTIONS
+    return node.op == "call_method" and node.target in ACTIVATION_METHODS
+
+
+def _is_written_out_silu(node: fx.Node) -> bool:
+    users = list(node.users)
+    if len(users) != 2:
+        return False
+    sigmoid = [u for u in users if u.target in (torch.sigmoid, "sigmoid")]
+    mul = [u for u in users if u.target in (operator.mul, torch.mul)]
+    return len(sigmoid) == 1 and len(mul) == 1 and set(mul[0].args) == {node, sigmoid[0]}
+
+
+def chain_heads_in_graph(gm: fx.GraphModule, prefix: str = "") -> list[str]:
+    """Qualified names (``prefix`` + target) of the Conv2d / Linear modules that start a chain."""
+    modules = dict(gm.named_modules())
+    heads = []
+    for node in gm.graph.nodes:
+        if node.op != "call_module":
+            continue
+        module = modules[node.target]
+        users = list(node.users)
+        only = users[0] if len(users) == 1 else None
+        if isinstance(module, nn.Conv2d):
+            feeds_bn = only is not None and only.op == "call_module"
+            feeds_bn = feeds_bn and isinstance(modules[only.target], nn.BatchNorm2d)
+            feeds_act = module.bias is not None and (
+                (only is not None and _is_activation(only, modules)) or _is_written_out_silu(node)
+            )
+            if feeds_bn or feeds_act:
+                heads.append(prefix + node.target)
+        elif isinstance(module, nn.Linear) and only is not None:
+            feeds_add = only.op == "call_function" and only.target in ADDS
+            if _is_activation(only, modules) or feeds_add:
+                heads.append(prefix + node.target)
+    return heads
+
+
+def chain_heads_by_tracing(model: nn.Module) -> list[str]:
+    """Every chain head of ``model``, found in the graphs of its largest traceable submodules."""
+    units, _ = traced_units(model)
+    return [head for path, gm in units for head in chain_heads_in_graph(gm, path)]
