@@ -21,10 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .efficientnet import efficientnet_b0
-from .resnet import resnet
-from .vit import bert, vit
-from .yolo import yolov8
+# The submodules, not their builder functions, are this package's names: fuser.models.resnet is
+# the module resnet.py (a builder imported here as `resnet` would shadow it).
+from . import efficientnet, resnet, vit, yolo
 
 
 @dataclass(frozen=True)
@@ -44,16 +43,18 @@ class ModelSpec:
 
 
 MODELS: dict[str, ModelSpec] = {
-    "yolov8n": ModelSpec(yolov8, {"scale": "n"}, "image", 640, description="YOLOv8n detector, 80 classes"),
-    "yolov8s": ModelSpec(yolov8, {"scale": "s"}, "image", 640, description="YOLOv8s detector, 80 classes"),
-    "efficientnet_b0": ModelSpec(efficientnet_b0, {}, "image", 224, description="EfficientNet-B0 classifier"),
-    "resnet50": ModelSpec(resnet, {"layers": (3, 4, 6, 3)}, "image", 224, description="ResNet-50 classifier"),
-    "resnet26": ModelSpec(
-        resnet, {"layers": (2, 2, 2, 2)}, "image", 224, description="ResNet-26 (2 bottlenecks per stage)"
+    "yolov8n": ModelSpec(yolo.yolov8, {"scale": "n"}, "image", 640, description="YOLOv8n detector, 80 classes"),
+    "yolov8s": ModelSpec(yolo.yolov8, {"scale": "s"}, "image", 640, description="YOLOv8s detector, 80 classes"),
+    "efficientnet_b0": ModelSpec(
+        efficientnet.efficientnet_b0, {}, "image", 224, description="EfficientNet-B0 classifier"
     ),
-    "vit_tiny": ModelSpec(vit, {}, "image", 224, description="ViT-Tiny/16 classifier (input size fixed at build)"),
+    "resnet50": ModelSpec(resnet.resnet, {"layers": (3, 4, 6, 3)}, "image", 224, description="ResNet-50 classifier"),
+    "resnet26": ModelSpec(
+        resnet.resnet, {"layers": (2, 2, 2, 2)}, "image", 224, description="ResNet-26 (2 bottlenecks per stage)"
+    ),
+    "vit_tiny": ModelSpec(vit.vit, {}, "image", 224, description="ViT-Tiny/16 classifier (input size fixed at build)"),
     "bert_tiny": ModelSpec(
-        bert, {}, "embeddings", 128, embedding_dim=128, description="BERT-tiny encoder over token embeddings"
+        vit.bert, {}, "embeddings", 128, embedding_dim=128, description="BERT-tiny encoder over token embeddings"
     ),
 }
 
