@@ -109,11 +109,19 @@ def _is_runtime(value: Any) -> bool:
     return found
 
 
+class BufferTracer(fx.Tracer):
+    """The tracer torch uses to rebuild the graph from its code (torch.save / torch.load of a GraphModule
+    re-trace it): buffers read as graph values, since constants are buffers here and are indexed by
+    run-time sizes (``pos_embedding[:x.size(1)]``), which a plain tensor cannot be with a traced size."""
+
+    proxy_buffer_attributes = True
+
+
 class GraphBuilder:
     """Owns the fx graph, the root module holding buffers, and the ONNX value -> :data:`Value` map."""
 
     def __init__(self, types: dict[str, onnx.TypeProto]) -> None:
-        self.graph = fx.Graph()
+        self.graph = fx.Graph(tracer_cls=BufferTracer)
         self.root = nn.Module()
         self.types = types
         self.values: dict[str, Value] = {}

@@ -70,7 +70,7 @@ def _window_pads(ctx: NodeContext, kernel: list[int], strides: list[int], dilati
 def _spatial_rank(ctx: NodeContext, i: int, what: str) -> int:
     rank = ctx.require_rank(i)
     if rank - 2 not in (1, 2, 3):
-        raise ctx.unsupported(f"{what} on a rank-{rank} input (1-D, 2-D and 3-D windows are)")
+        raise ctx.unsupported(f"{what} over {rank - 2} spatial dims")
     return rank - 2
 
 

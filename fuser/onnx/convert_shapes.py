@@ -121,7 +121,8 @@ def slice_(ctx: NodeContext) -> Any:
             if dims is not None and dims[axis] is not None:
                 first = min(first, dims[axis] - 1)
             else:
-                first = ctx.call(min, first, ctx.call(operator.sub, ctx.size(x, axis), 1))
+                items = ctx.builder.items
+                first = items.minimum(first, items.binary("sub", ctx.size(x, axis), 1, integral=True))
         flips.append(axis)
         key[axis] = slice(first, -(end + 1), None if step == -1 else -step)
     if flips:
@@ -241,7 +242,7 @@ def expand(ctx: NodeContext) -> Any:
         if xi < 0 or (isinstance(item, fx.Node) and x_shape[xi] == 1):
             sizes.append(item)
         elif isinstance(item, fx.Node):
-            sizes.append(-1 if x_shape[xi] is not None else ctx.call(max, ctx.size(x, xi), item))
+            sizes.append(-1 if x_shape[xi] is not None else ctx.builder.items.maximum(ctx.size(x, xi), item))
         else:
             sizes.append(-1 if item == 1 else item)
     return ctx.method("expand", x, tuple(sizes))

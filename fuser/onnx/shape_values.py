@@ -114,6 +114,21 @@ class ItemOps:
             return a
         return self.emit(_OPERATORS[op], (a, b))
 
+    def maximum(self, a: Item, b: Item) -> Item:
+        """max(a, b) as (a + b + |a - b|) // 2 for run-time entries: operator nodes re-trace (fx, torch.save
+        of a GraphModule), the builtins max/min on traced sizes do not."""
+        if not isinstance(a, fx.Node) and not isinstance(b, fx.Node):
+            return max(a, b)
+        spread = self.emit(operator.abs, (self.emit(operator.sub, (a, b)),))
+        return self.emit(operator.floordiv, (self.emit(operator.add, (self.emit(operator.add, (a, b)), spread)), 2))
+
+    def minimum(self, a: Item, b: Item) -> Item:
+        """min(a, b) as (a + b - |a - b|) // 2 for run-time entries (see :meth:`maximum`)."""
+        if not isinstance(a, fx.Node) and not isinstance(b, fx.Node):
+            return min(a, b)
+        spread = self.emit(operator.abs, (self.emit(operator.sub, (a, b)),))
+        return self.emit(operator.floordiv, (self.emit(operator.sub, (self.emit(operator.add, (a, b)), spread)), 2))
+
 
 def broadcast_pairs(a: ShapeValue, b: ShapeValue) -> list[tuple[Item, Item]] | None:
     """Entry pairs of a and b under numpy broadcasting of two vectors, or None if they do not broadcast."""

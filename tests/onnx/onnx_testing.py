@@ -8,6 +8,7 @@ time fails.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 
 import numpy as np
@@ -89,14 +90,15 @@ def single_op(
 
 
 def random_feeds(model: onnx.ModelProto, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random inputs for every graph input; the symbolic dim "N" becomes ``batch``."""
+    """Random inputs for every graph input; the symbolic dim "N" becomes ``batch``, any other symbolic dim 7."""
     rng = np.random.default_rng(seed)
     inits = {i.name for i in model.graph.initializer}
     feeds = {}
     for value in model.graph.input:
         if value.name in inits:
             continue
-        shape = [batch if d.dim_param == "N" else d.dim_value for d in value.type.tensor_type.shape.dim]
+        dims = value.type.tensor_type.shape.dim
+        shape = [batch if d.dim_param == "N" else 7 if d.dim_param else d.dim_value for d in dims]
         elem = value.type.tensor_type.elem_type
         if elem in (FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE):
             feeds[value.name] = rng.standard_normal(shape).astype(helper.tensor_dtype_to_np_dtype(elem))
@@ -151,3 +153,14 @@ def check_import(
 def call_targets(module: torch.fx.GraphModule) -> list[object]:
     """The targets of the call nodes, in graph order."""
     return [n.target for n in module.graph.nodes if n.op in ("call_function", "call_method")]
+
+
+def assert_survives_pickling(module: torch.fx.GraphModule, feeds: dict[str, np.ndarray]) -> None:
+    """torch.save / torch.load re-trace a GraphModule's code symbolically: the graph must allow that
+    (``fuser optimize -o out.pt`` saves modules this way) and compute the same afterwards."""
+    buffer = io.BytesIO()
+    torch.save(module, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    for a, b in zip(run_module(module, feeds), run_module(loaded, feeds), strict=True):
+        assert torch.equal(a, b), "the reloaded module computes something else"

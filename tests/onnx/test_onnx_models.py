@@ -16,7 +16,7 @@ import onnx
 import pytest
 import torch
 from accuracy import TOLERANCE, rel_error
-from onnx_testing import run_ort
+from onnx_testing import assert_survives_pickling, run_ort
 
 import fuser
 from fuser.models import build, example_input
@@ -89,6 +89,7 @@ def test_import_matches_onnxruntime(exported: Exported, variant: str) -> None:
     with torch.no_grad():
         out = module(x)
     assert_like_onnxruntime(out, path, x, exported.name, f"{exported.name} {variant}")
+    assert_survives_pickling(module, {"x": x.numpy()})
 
 
 def test_optimized_fuses_every_chain_and_exports(exported: Exported, tmp_path: Path) -> None:

@@ -7,7 +7,17 @@ import numpy as np
 import pytest
 import torch
 from onnx import TensorProto, helper
-from onnx_testing import INT64, call_targets, check_import, const, info, make_model, single_op
+from onnx_testing import (
+    INT64,
+    assert_survives_pickling,
+    call_targets,
+    check_import,
+    const,
+    info,
+    make_model,
+    random_feeds,
+    single_op,
+)
 
 SHAPE = ["N", 6, 5, 7]
 
@@ -365,3 +375,43 @@ def test_tensors_made_at_run_time_follow_the_input_device() -> None:
     outs = module.to("meta")(torch.empty(4, 6, 5, 7, device="meta"))
     assert [o.device.type for o in outs] == ["meta"] * 3
     assert [tuple(o.shape) for o in outs] == [(4,), (4, 6, 5, 7), (2,)]
+
+
+def test_run_time_sizes_over_unknown_dims_pickle() -> None:
+    """Expand by run-time sizes over dims shape inference cannot size, and a reversing Slice of such a
+    dim, need max/min of sizes at run time: as operator nodes, so the module re-traces (torch.save)."""
+    nodes = [
+        helper.make_node("Shape", ["y"], ["ys"]),
+        helper.make_node("Slice", ["ys", "zero", "two"], ["lead"]),
+        helper.make_node("Concat", ["lead", "one"], ["target"], axis=0),
+        helper.make_node("Expand", ["x", "target"], ["e"]),
+        helper.make_node("Slice", ["e", "minus2", "lowest", "axes2", "minus1"], ["out"]),
+    ]
+    inits = [
+        const("zero", [0]),
+        const("two", [2]),
+        const("one", [1]),
+        const("minus2", [-2]),
+        const("lowest", [-(2**63)]),
+        const("axes2", [2]),
+        const("minus1", [-1]),
+    ]
+    inputs = [info("x", ["N", 1, "M"]), info("y", ["N", 4, "M"])]
+    model = make_model(nodes, inputs, [info("out", ["N", 4, None])], inits, opset=13)
+    module = check_import(model, "Expand/Slice over unknown dims")
+    assert_survives_pickling(module, random_feeds(model, 3))
+
+
+def test_constant_sliced_by_a_run_time_size_pickles() -> None:
+    """pos_embedding[:, :x.size(1)] + x: a buffer indexed by a run-time size survives torch.save/load."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Slice", ["s", "one", "two"], ["t"]),
+        helper.make_node("Slice", ["pos", "zero", "t", "one"], ["p"]),
+        helper.make_node("Add", ["x", "p"], ["y"]),
+    ]
+    pos = np.random.default_rng(4).standard_normal((1, 11, 5)).astype(np.float32)
+    inits = [const("pos", pos), const("zero", [0]), const("one", [1]), const("two", [2])]
+    model = make_model(nodes, [info("x", ["N", "M", 5])], [info("y", None)], inits, opset=13)
+    module = check_import(model, "buffer sliced at run time")
+    assert_survives_pickling(module, random_feeds(model, 3))
