@@ -18,6 +18,7 @@ _PUBLIC = {
     "export_onnx": "fuser.onnx.exporter",
     "OnnxModelError": "fuser.onnx.errors",
     "OnnxConversionError": "fuser.onnx.errors",
+    "OnnxExportError": "fuser.onnx.errors",
 }
 
 __all__ = sorted(_PUBLIC)
