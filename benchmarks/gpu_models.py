@@ -4,8 +4,10 @@
     python -m benchmarks.gpu_models --table RESULTS.json
 
 Rows: YOLOv8n-shaped @640, EfficientNet-B0 @224, ResNet-50 @224, each at batch 1 in float32 and batch 32 in
-float16, channels_last inputs. Variants: eager (cudnn.benchmark on, TF32 allowed), fuser (Triton kernels,
-precision tf32 for float32 models and fp16 for float16 ones), fuser with CUDA graphs, and with --compile
+float16, channels_last inputs. Variants: eager (cudnn.benchmark on, TF32 allowed); fuser as optimize() gives it
+(backend "auto": per layer the faster of the fused Triton kernel and cuDNN with folded weights, measured),
+fuser with the Triton kernels only, fuser "auto" with CUDA graphs (precision tf32 for float32 models and fp16 for
+float16 ones); and with --compile
 torch.compile (freezing on) in its default mode and in mode="reduce-overhead" (CUDA graphs). Each time is a
 median of CUDA-event timings after warm-up; the error of each variant against a float64 run of the model on
 the GPU is recorded. torch.compile costs 10-25 s of compile time per model and mode.
@@ -23,16 +25,17 @@ from typing import Any
 import torch
 
 import fuser
-from fuser import models
+from fuser import models, path_choice
 from fuser.profiling import count_launches, median_ms
 
+# In the order they are measured: a run cut short by --budget-s keeps the first ones.
 ROWS = [
     ("yolov8n", 1, 640, torch.float32),
+    ("resnet50", 1, 224, torch.float32),
     ("yolov8n", 32, 640, torch.float16),
     ("efficientnet_b0", 1, 224, torch.float32),
-    ("efficientnet_b0", 32, 224, torch.float16),
-    ("resnet50", 1, 224, torch.float32),
     ("resnet50", 32, 224, torch.float16),
+    ("efficientnet_b0", 32, 224, torch.float16),
 ]
 
 
@@ -49,13 +52,16 @@ def run_row(name: str, batch: int, size: int, dtype: torch.dtype, compile_modes:
     model, x = model.to(dtype), x.to(dtype)
     precision = "tf32" if dtype == torch.float32 else "fp16"
     variants: dict[str, Any] = {"eager": model}
+    path_choice.clear()
     start = time.perf_counter()
-    variants["fuser"] = fuser.optimize(model, (x,), precision=precision, backend="triton")
+    fused = fuser.optimize(model, (x,), precision=precision)  # backend "auto": per layer, kernel or cuDNN
     optimize_s = time.perf_counter() - start
-    fused = variants["fuser"]
+    variants["fuser"] = fused
+    variants["fuser triton-only"] = fuser.optimize(model, (x,), precision=precision, backend="triton")
     variants["fuser+cuda_graphs"] = fuser.OptimizedModule(
         fused.module, fused.fusion_report, fused.precision, fused.backend, cuda_graphs=True
     )
+    chosen = [c for c, _, _ in path_choice.choices().values()]
     compile_s = {}
     for mode in compile_modes:
         torch._inductor.config.freezing = True
@@ -74,6 +80,8 @@ def run_row(name: str, batch: int, size: int, dtype: torch.dtype, compile_modes:
         "precision": precision,
         "fused_chains": len(variants["fuser"].fusion_report.fused),
         "optimize_s": optimize_s,
+        "auto_chose_kernel": chosen.count(path_choice.KERNEL),
+        "auto_chose_library": chosen.count(path_choice.LIBRARY),
         "compile_s": compile_s,
         "ms": {},
         "rel_error": {},
@@ -96,7 +104,7 @@ def table(result: dict) -> str:
     head = "| model | B, size, dtype | chains | " + " | ".join(f"{k} ms" for k in labels) + " | fuser vs eager |"
     lines = [head, "|" + "---|" * (len(labels) + 4)]
     for r in result["rows"]:
-        best = min(r["ms"]["fuser"], r["ms"]["fuser+cuda_graphs"])
+        best = min(v for k, v in r["ms"].items() if k.startswith("fuser"))
         cells = " | ".join(f"{r['ms'][k]:.3f}" for k in labels)
         lines.append(
             f"| {r['model']} | {r['batch']}, {r['size']}, {r['dtype']} | {r['fused_chains']} | {cells} | "
@@ -111,6 +119,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also time torch.compile (default, reduce-overhead)")
     parser.add_argument("--quick", action="store_true", help="batch-1 rows only, fewer repeats")
     parser.add_argument("--table", type=Path, help="print the markdown table of a results JSON and exit")
+    parser.add_argument("--budget-s", type=float, default=float("inf"), help="start no new row after this long")
     args = parser.parse_args()
     if args.table:
         print(table(json.loads(args.table.read_text())))

@@ -26,8 +26,12 @@ def newest(pattern: str) -> Path | None:
 def section() -> str:
     parts = []
     sources = [
-        ("layers-*.json", layers.table, "Layers on the GPU (fused kernel against eager, cuDNN with BN folded, "
-         "torch.compile and the roofline floor)"),
+        (
+            "layers-*.json",
+            layers.table,
+            "Layers on the GPU (fused kernel against eager, cuDNN with BN folded, "
+            "torch.compile and the roofline floor)",
+        ),
         ("gpu-models-*.json", gpu_models.table, "Whole models on the GPU"),
         ("cpu-models-*.json", cpu_models.table, "Whole models on the CPU (torch backend)"),
     ]
@@ -37,11 +41,15 @@ def section() -> str:
             parts.append(f"### {title}\n\nNot measured yet (no `benchmarks/results/{pattern}`).")
             continue
         result = json.loads(path.read_text())
-        where = result.get("card") or result.get("machine", {}).get("cpu", "")
-        versions = ", ".join(f"{k} {v}" for k, v in result.get("versions", {}).items())
+        body = "\n".join(
+            "####" + line.lstrip("#") if line.startswith("#") else line for line in make_table(result).splitlines()
+        )
+        where = result.get("card") or result.get("gpu") or result.get("machine", {}).get("cpu", "")
+        versions = result.get("versions") or {k: result[k] for k in ("torch", "triton", "cuda") if k in result}
+        versions = ", ".join(f"{k} {v}" for k, v in versions.items())
         parts.append(
             f"### {title}\n\n{where}; {versions}; measured {result.get('date', '?')}; "
-            f"from [`{path.relative_to(ROOT)}`]({path.relative_to(ROOT)}).\n\n{make_table(result)}"
+            f"from [`{path.relative_to(ROOT)}`]({path.relative_to(ROOT)}).\n\n{body}"
         )
     return "\n\n".join(parts)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 import fuser
-from fuser import models
+from fuser import models, path_choice
 from fuser.diagnose import layer_errors
 from fuser.profiling import count_launches, median_ms
 
@@ -97,6 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         fused_ms = median_ms(lambda: optimized(x), device, repeats)
 
     unit = "kernel launches" if device.type == "cuda" else "aten ops executed"
+    chosen = [c for c, _, _ in path_choice.choices().values()]
     print()
     print(f"  optimize() took        {optimize_s:8.2f} s")
     print(f"  {unit:<22} {launches_before:8d} -> {launches_after:d}")
@@ -105,6 +106,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if worst is not None:
         print(f"  worst fused layer      {worst.rel_error:8.1e}  ({worst.source}: {worst.epilogue})")
     print(f"  time per forward       {eager_ms:8.2f} ms eager -> {fused_ms:.2f} ms fused ({eager_ms / fused_ms:.2f}x)")
+    if chosen:
+        print(
+            f"  measured per layer     {chosen.count(path_choice.KERNEL)} fused Triton kernels, "
+            f"{chosen.count(path_choice.LIBRARY)} cuDNN/cuBLAS on folded weights (backend auto)"
+        )
 
     tag = f"demo-{args.model}-{device.type}"
     args.out.mkdir(parents=True, exist_ok=True)

@@ -46,6 +46,15 @@ class _FusedBase(nn.Module):
     def _pack(self) -> torch.Tensor | None:
         raise NotImplementedError
 
+    @property
+    def kernel_precision(self) -> Precision:
+        """The policy the kernels run: a float16/bfloat16 model's operands are 16-bit already, so a
+        float32 policy (tf32, tf32x3, ieee) would only widen them; they stay in the model's dtype."""
+        native = {torch.float16: Precision.FP16, torch.bfloat16: Precision.BF16}.get(self.weight.dtype)
+        if native is not None and self.precision.operand_dtype is None:
+            return native
+        return self.precision
+
     def packed_weight(self, device: torch.device) -> torch.Tensor | None:
         """The weight packed for the kernels on ``device``, or None when the reference path runs there."""
         if ops.resolve_backend(self.backend, device) == "torch":
@@ -88,7 +97,7 @@ class FusedConv2d(_FusedBase):
         self.groups = int(groups)
 
     def _pack(self) -> torch.Tensor | None:
-        return kernel_dispatch.pack_conv(self.weight, self.groups, self.precision)
+        return kernel_dispatch.pack_conv(self.weight, self.groups, self.kernel_precision)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         e = self.epilogue
@@ -109,7 +118,7 @@ class FusedConv2d(_FusedBase):
             int(e.act),
             e.alpha,
             int(e.residual),
-            self.precision.value,
+            self.kernel_precision.value,
             self.backend,
         )
 
@@ -140,7 +149,7 @@ class FusedLinear(_FusedBase):
             raise ValueError(f"FusedLinear needs a 2-D weight, got shape {tuple(weight.shape)}")
 
     def _pack(self) -> torch.Tensor | None:
-        return kernel_dispatch.pack_gemm(self.weight, self.precision)
+        return kernel_dispatch.pack_gemm(self.weight, self.kernel_precision)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         e = self.epilogue
@@ -156,7 +165,7 @@ class FusedLinear(_FusedBase):
             e.alpha,
             int(e.residual),
             e.scale,
-            self.precision.value,
+            self.kernel_precision.value,
             self.backend,
         )
 

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from fuser import path_choice
 from fuser.kernels.epilogue import Activation, Epilogue, Residual, apply_epilogue_torch
 from fuser.kernels.precision import Precision
 
@@ -50,9 +51,13 @@ def check_backend(backend: str) -> str:
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
-    """The backend that runs on ``device``: "auto" becomes "triton" on CUDA and "torch" elsewhere."""
+    """The backend that runs on ``device``.
+
+    "auto" becomes "measured" on CUDA (per call signature, the faster of the Triton kernel and the vendor
+    library, see fuser.path_choice) and "torch" elsewhere.
+    """
     if backend == "auto":
-        return "triton" if device.type == "cuda" else "torch"
+        return "measured" if device.type == "cuda" else "torch"
     if backend == "triton" and device.type != "cuda":
         raise ValueError(
             f"backend='triton' runs compiled kernels on CUDA tensors, but the input is on {device}; "
@@ -154,6 +159,18 @@ def _as_output(y: torch.Tensor, dtype: torch.dtype, memory_format: torch.memory_
     return y
 
 
+def _required(kernel: Callable[[], torch.Tensor | None]) -> Callable[[], torch.Tensor]:
+    """``kernel`` for timing: a kernel path that declines the call (returns None) must not time as fast."""
+
+    def run() -> torch.Tensor:
+        out = kernel()
+        if out is None:
+            raise LookupError("no kernel covers this call")
+        return out
+
+    return run
+
+
 def _epilogue(act: int, alpha: float, residual_mode: int, scale: float) -> Epilogue:
     return Epilogue(Activation(act), alpha, Residual(residual_mode), scale)
 
@@ -194,10 +211,17 @@ def conv2d_act(
     epilogue = _epilogue(act, alpha, residual_mode, 1.0)
     policy = Precision(precision)
     chosen = resolve_backend(backend, x.device)
-    if chosen != "torch":
-        from fuser import kernel_dispatch
 
-        out = kernel_dispatch.conv2d(
+    def library() -> torch.Tensor:
+        y = conv2d_reference(x, weight, bias, residual, stride, padding, dilation, groups, epilogue, policy)
+        return _as_output(y, x.dtype, conv_output_memory_format(x, backend))
+
+    if chosen == "torch":
+        return library()
+    from fuser import kernel_dispatch
+
+    def kernel() -> torch.Tensor | None:
+        return kernel_dispatch.conv2d(
             x,
             weight,
             bias,
@@ -211,10 +235,15 @@ def conv2d_act(
             policy,
             interpret=chosen == "interpret",
         )
-        if out is not None:
-            return out
-    y = conv2d_reference(x, weight, bias, residual, stride, padding, dilation, groups, epilogue, policy)
-    return _as_output(y, x.dtype, conv_output_memory_format(x, backend))
+
+    if chosen == "measured":
+        key = path_choice.signature(
+            x, weight, residual, extra=("conv2d", *stride, *padding, *dilation, groups, act, residual_mode, precision)
+        )
+        if path_choice.choose(key, _required(kernel), library) == path_choice.LIBRARY:
+            return library()
+    out = kernel()
+    return library() if out is None else out
 
 
 @conv2d_act.register_fake
@@ -261,15 +290,26 @@ def gemm_act(
     epilogue = _epilogue(act, alpha, residual_mode, scale)
     policy = Precision(precision)
     chosen = resolve_backend(backend, a.device)
-    if chosen != "torch":
-        from fuser import kernel_dispatch
 
-        out = kernel_dispatch.gemm(
+    def library() -> torch.Tensor:
+        y = gemm_reference(a, weight, bias, residual, epilogue, policy)
+        return _as_output(y, a.dtype, torch.contiguous_format)
+
+    if chosen == "torch":
+        return library()
+    from fuser import kernel_dispatch
+
+    def kernel() -> torch.Tensor | None:
+        return kernel_dispatch.gemm(
             a, weight, bias, residual, packed_weight, epilogue, policy, interpret=chosen == "interpret"
         )
-        if out is not None:
-            return out
-    return _as_output(gemm_reference(a, weight, bias, residual, epilogue, policy), a.dtype, torch.contiguous_format)
+
+    if chosen == "measured":
+        key = path_choice.signature(a, weight, residual, extra=("gemm", act, residual_mode, scale, precision))
+        if path_choice.choose(key, _required(kernel), library) == path_choice.LIBRARY:
+            return library()
+    out = kernel()
+    return library() if out is None else out
 
 
 @gemm_act.register_fake

@@ -13,6 +13,7 @@ from torch import nn
 from toy_models import ConvBiasAct, ConvBnAct, ConvBnActAdd, ConvBnAddAct, LinearAct, Untraceable, seeded
 
 import fuser
+from fuser.fused_modules import FusedConv2d
 
 CASES = {
     "conv_bn_silu_add": (lambda: ConvBnActAdd(5), lambda: (torch.randn(2, 5, 9, 7),)),
@@ -73,3 +74,15 @@ def test_interpret_agrees_with_torch_backend_layout_and_dtype():
 @pytest.mark.parametrize("name", CASES)
 def test_triton_backend_matches_float64(name, precision):
     run_case(name, "triton", "cuda", precision)
+
+
+def test_half_model_keeps_16_bit_operands_under_the_default_policy():
+    model = seeded(ConvBnActAdd(5)).half()
+    x = torch.randn(2, 5, 9, 7).half()
+    opt = fuser.optimize(model, (x,), backend="interpret")  # precision="tf32": a float32 policy
+    fused = next(m for m in opt.modules() if isinstance(m, FusedConv2d))
+    assert fused.kernel_precision.value == "fp16"
+    with torch.no_grad():
+        out = opt(x)
+    assert out.dtype == torch.float16
+    assert_close(out, reference64(model.float(), x.float()), "fp16")

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One batched GPU session, run through the device tool from the repository root: every GPU test (kernels,
+# fused ops on every backend and precision, whole models, CUDA graphs), the whole-model benchmark, the demo
+# on the GPU, and the layer benchmark. Each stage has a time limit and appends to $OUT/all.log; results
+# (JSON, the demo's plot) land in $OUT. Print a short summary last.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+LOG="$OUT/all.log"
+export PYTHONUNBUFFERED=1 FUSER_CACHE_DIR="$PWD/.fuser_autotune"
+python3 -m pip install --no-deps --no-build-isolation -e . -q 2>&1 | tail -2
+python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.version.cuda, torch.cuda.get_device_name())" | tee "$LOG"
+summary=()
+stage() {
+    local name=$1 limit=$2
+    shift 2
+    local start=$SECONDS
+    echo "===== $name (limit ${limit} s): $*" >> "$LOG"
+    timeout "$limit" "$@" >> "$LOG" 2>&1
+    local rc=$?
+    summary+=("$name rc=$rc in $((SECONDS - start)) s")
+}
+stage gpu_tests "${GPU_TEST_S:-170}" python3 -m pytest -m gpu -n 8 -q -p no:cacheprovider -rf tests
+stage gpu_models "${MODELS_S:-140}" python3 -m benchmarks.gpu_models --out "$OUT" --budget-s "${MODELS_BUDGET_S:-90}"
+stage demo "${DEMO_S:-50}" python3 -m fuser.demo --out "$OUT"
+stage layers "${LAYERS_S:-150}" python3 -m benchmarks.layers --out "$OUT" ${LAYER_ARGS:-}
+echo "===== summary" >> "$LOG"
+grep -E "^(FAILED|ERROR)|passed|failed" "$LOG" | tail -25
+grep -E "B1 |B32 |fuser vs eager|time per forward|kernel launches|rel. error" "$LOG" | tail -14
+printf '%s\n' "${summary[@]}"
