@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .precision import Precision
+from .direct_conv import direct_applies
+from .precision import Precision, round_to_tf32
 
 K_ALIGN = 16  # elements: 64 bytes in float32, 32 bytes in 16-bit, both multiples of TMA's 16
 
@@ -134,9 +135,14 @@ def _check_groups(in_channels: int, out_channels: int, groups: int) -> None:
         raise ValueError(f"groups={groups} must divide both C_in={in_channels} and C_out={out_channels}")
 
 
-def _pad_k(weight_2d: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _pad_k(weight_2d: torch.Tensor, precision: Precision, tensor_cores: bool = True) -> torch.Tensor:
+    """``[N, K]`` as the kernels read it: in the operand dtype, K padded, and rounded to TF32 where the
+    tensor cores will read it under "tf32" (see round_to_tf32)."""
     k = weight_2d.shape[1]
-    return F.pad(weight_2d.to(dtype), (0, padded_k(k) - k)).contiguous()
+    data = weight_2d.to(operand_dtype(precision))
+    if tensor_cores and precision == Precision.TF32:
+        data = round_to_tf32(data)
+    return F.pad(data, (0, padded_k(k) - k)).contiguous()
 
 
 def pack_conv_weight(weight: torch.Tensor, precision: Precision | str, groups: int = 1) -> PackedConvWeight:
@@ -157,7 +163,9 @@ def pack_conv_weight(weight: torch.Tensor, precision: Precision | str, groups: i
     if is_depthwise(in_channels, c_out, groups):
         data = w.reshape(c_out, kh * kw).t().to(dtype).contiguous()
     else:
-        data = _pad_k(w.permute(0, 2, 3, 1).reshape(c_out, kh * kw * c_in_g), dtype)
+        flat = w.permute(0, 2, 3, 1).reshape(c_out, kh * kw * c_in_g)
+        # the direct kernel (few input channels) multiplies on the FMA units: its weights stay exact
+        data = _pad_k(flat, precision, tensor_cores=not direct_applies(c_in_g, (kh, kw)))
     return PackedConvWeight(data, int(c_out), int(in_channels), (int(kh), int(kw)), int(groups), precision)
 
 
@@ -168,5 +176,5 @@ def pack_gemm_weight(weight: torch.Tensor, precision: Precision | str) -> Packed
         raise ValueError(f"gemm weight must be 2-D [N, K], got shape {tuple(weight.shape)}")
     if not weight.is_floating_point():
         raise ValueError(f"gemm weight must be floating point, got {weight.dtype}")
-    data = _pad_k(weight.detach(), operand_dtype(precision))
+    data = _pad_k(weight.detach(), precision)
     return PackedGemmWeight(data, int(weight.shape[0]), int(weight.shape[1]), precision)
