@@ -5,11 +5,12 @@
 
 Rows: YOLOv8n-shaped @640, EfficientNet-B0 @224, ResNet-50 @224, each at batch 1 in float32 and batch 32 in
 float16, channels_last inputs. Variants: eager (cudnn.benchmark on, TF32 allowed); fuser as optimize() gives it
-(backend "auto": per layer the faster of the fused Triton kernel and cuDNN with folded weights, measured),
-fuser with the Triton kernels only, fuser "auto" with CUDA graphs (precision tf32 for float32 models and fp16 for
-float16 ones); and with --compile
-torch.compile (freezing on) in its default mode and in mode="reduce-overhead" (CUDA graphs). Each time is a
-median of CUDA-event timings after warm-up; the error of each variant against a float64 run of the model on
+(backend "auto": the fused Triton kernels); fuser with backend "measured" (per layer the faster of the fused
+kernel and cuDNN/cuBLAS on the folded weights, timed on the first call); eager and fuser "auto" each with
+CUDA graphs (fuser.cuda_graphs), since batch 1 is launch-bound and a fair comparison records both sides'
+launches once; and with --compile torch.compile (freezing on) in its default mode and in
+mode="reduce-overhead" (CUDA graphs). Precision tf32 for float32 models and fp16 for float16 ones. Each time is
+a median of CUDA-event timings after warm-up; the error of each variant against a float64 run of the model on
 the GPU is recorded. torch.compile costs 10-25 s of compile time per model and mode.
 """
 
@@ -26,6 +27,7 @@ import torch
 
 import fuser
 from fuser import models, path_choice
+from fuser.cuda_graphs import GraphReplay
 from fuser.profiling import count_launches, median_ms
 
 # In the order they are measured: a run cut short by --budget-s keeps the first ones.
@@ -54,10 +56,11 @@ def run_row(name: str, batch: int, size: int, dtype: torch.dtype, compile_modes:
     variants: dict[str, Any] = {"eager": model}
     path_choice.clear()
     start = time.perf_counter()
-    fused = fuser.optimize(model, (x,), precision=precision)  # backend "auto": per layer, kernel or cuDNN
+    fused = fuser.optimize(model, (x,), precision=precision)  # backend "auto": the Triton kernels on CUDA
     optimize_s = time.perf_counter() - start
     variants["fuser"] = fused
-    variants["fuser triton-only"] = fuser.optimize(model, (x,), precision=precision, backend="triton")
+    variants["fuser measured"] = fuser.optimize(model, (x,), precision=precision, backend="measured")
+    variants["eager+cuda_graphs"] = GraphReplay(model)
     variants["fuser+cuda_graphs"] = fuser.OptimizedModule(
         fused.module, fused.fusion_report, fused.precision, fused.backend, cuda_graphs=True
     )
@@ -80,8 +83,8 @@ def run_row(name: str, batch: int, size: int, dtype: torch.dtype, compile_modes:
         "precision": precision,
         "fused_chains": len(variants["fuser"].fusion_report.fused),
         "optimize_s": optimize_s,
-        "auto_chose_kernel": chosen.count(path_choice.KERNEL),
-        "auto_chose_library": chosen.count(path_choice.LIBRARY),
+        "measured_chose_kernel": chosen.count(path_choice.KERNEL),
+        "measured_chose_library": chosen.count(path_choice.LIBRARY),
         "compile_s": compile_s,
         "ms": {},
         "rel_error": {},
@@ -99,16 +102,24 @@ def run_row(name: str, batch: int, size: int, dtype: torch.dtype, compile_modes:
     return row
 
 
+def _ratio(ms: dict[str, float], base: str, new: str) -> str:
+    return f"{ms[base] / ms[new]:.2f}x" if base in ms and new in ms else "-"
+
+
 def table(result: dict) -> str:
-    labels = list(result["rows"][0]["ms"])
-    head = "| model | B, size, dtype | chains | " + " | ".join(f"{k} ms" for k in labels) + " | fuser vs eager |"
-    lines = [head, "|" + "---|" * (len(labels) + 4)]
+    labels = list(dict.fromkeys(k for r in result["rows"] for k in r["ms"]))
+    head = (
+        "| model | B, size, dtype | chains | "
+        + " | ".join(f"{k} ms" for k in labels)
+        + " | fuser vs eager | both with CUDA graphs |"
+    )
+    lines = [head, "|" + "---|" * (len(labels) + 5)]
     for r in result["rows"]:
-        best = min(v for k, v in r["ms"].items() if k.startswith("fuser"))
-        cells = " | ".join(f"{r['ms'][k]:.3f}" for k in labels)
+        ms = r["ms"]
+        cells = " | ".join(f"{ms[k]:.3f}" if k in ms else "-" for k in labels)
         lines.append(
             f"| {r['model']} | {r['batch']}, {r['size']}, {r['dtype']} | {r['fused_chains']} | {cells} | "
-            f"{r['ms']['eager'] / best:.2f}x |"
+            f"{_ratio(ms, 'eager', 'fuser')} | {_ratio(ms, 'eager+cuda_graphs', 'fuser+cuda_graphs')} |"
         )
     return "\n".join(lines)
 
@@ -118,6 +129,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--compile", action="store_true", help="also time torch.compile (default, reduce-overhead)")
     parser.add_argument("--quick", action="store_true", help="batch-1 rows only, fewer repeats")
+    parser.add_argument("--model", action="append", choices=sorted({r[0] for r in ROWS}), help="only these models")
     parser.add_argument("--table", type=Path, help="print the markdown table of a results JSON and exit")
     parser.add_argument("--budget-s", type=float, default=float("inf"), help="start no new row after this long")
     args = parser.parse_args()
@@ -127,9 +139,9 @@ def main() -> None:
     torch.backends.cudnn.benchmark = True
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    rows = [r for r in ROWS if not args.quick or r[1] == 1]
+    rows = [r for r in ROWS if (not args.quick or r[1] == 1) and (not args.model or r[0] in args.model)]
     modes = ["default", "reduce-overhead"] if args.compile else []
-    result = {
+    result: dict[str, Any] = {
         "benchmark": "gpu_models",
         "date": datetime.date.today().isoformat(),
         "card": torch.cuda.get_device_name(),
@@ -138,11 +150,18 @@ def main() -> None:
             "cuda": torch.version.cuda,
             "triton": __import__("triton").__version__,
         },
-        "rows": [run_row(*r, compile_modes=modes, repeats=20 if args.quick else 50) for r in rows],
+        "rows": [],
     }
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"gpu-models-{result['date']}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    start = time.perf_counter()
+    for i, r in enumerate(rows):
+        if time.perf_counter() - start > args.budget_s:
+            result["left_out"] = [f"{m} B{b} {str(d).removeprefix('torch.')}" for m, b, _, d in rows[i:]]
+            print(f"budget of {args.budget_s:.0f} s spent: left out {', '.join(result['left_out'])}", flush=True)
+            break
+        result["rows"].append(run_row(*r, compile_modes=modes, repeats=20 if args.quick else 50))
+        path.write_text(json.dumps(result, indent=2) + "\n")  # after every row: a run cut short keeps its rows
     print(table(result))
     print(f"wrote {path}")
 

@@ -79,7 +79,9 @@ def optimize(
         precision: "tf32" (default), "tf32x3", "ieee", "bf16" or "fp16": how the fused kernels do their dots
             (fuser.kernels.precision explains each); the unfused ops run under matching torch flags.
         backend: "auto" (compiled Triton kernels on CUDA inputs, the torch reference on CPU inputs), "triton",
-            "interpret" (the same kernels in Triton's interpreter, on CPU) or "torch" (the reference).
+            "measured" (CUDA: per layer the faster of the Triton kernel and cuDNN/cuBLAS on the folded weights,
+            measured on the first call), "interpret" (the same kernels in Triton's interpreter, on CPU) or
+            "torch" (the reference).
         inplace: allow ``model`` itself to be used and changed instead of a copy (saves the memory of a copy).
         cuda_graphs: on CUDA inputs under ``torch.no_grad()``, record the forward as a CUDA graph once per
             input shape and replay it (fuser.cuda_graphs): one launch instead of one per kernel, which is
@@ -90,11 +92,15 @@ def optimize(
     """
     policy = Precision.parse(precision)
     ops.check_backend(backend)
-    working = _working_copy(model, inplace)
     inputs = _as_inputs(example_inputs)
+    if inputs is not None:
+        for t in inputs:
+            if isinstance(t, torch.Tensor):
+                ops.resolve_backend(backend, t.device)  # a backend that cannot run where the inputs are: say so now
+    working = _working_copy(model, inplace)
     root, report = _run_pipeline(working, inputs, policy, backend, rewrite=True)
     optimized = OptimizedModule(root, report, policy, backend, cuda_graphs)
-    if inputs is not None and _on_cuda(inputs) and backend in ("auto", "triton"):
+    if inputs is not None and _on_cuda(inputs) and backend in ("auto", "triton", "measured"):
         with torch.no_grad():
             optimized(*inputs)  # compiles the kernels and measures their tile configs for these shapes
     return optimized

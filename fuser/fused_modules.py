@@ -17,6 +17,8 @@ from fuser import kernel_dispatch, ops
 from fuser.kernels.epilogue import Epilogue
 from fuser.kernels.precision import Precision
 
+_MAX_CALLS = 16  # input signatures whose calls a fused module keeps
+
 
 class _FusedBase(nn.Module):
     """Shared state: folded weight and bias, the epilogue, the precision and the backend."""
@@ -42,6 +44,7 @@ class _FusedBase(nn.Module):
         self.backend = ops.check_backend(backend)
         self.source = source
         self._packed: dict[tuple[Any, ...], torch.Tensor | None] = {}
+        self._calls: dict[tuple[Any, ...], ops.Call] = {}
 
     def _pack(self) -> torch.Tensor | None:
         raise NotImplementedError
@@ -65,10 +68,54 @@ class _FusedBase(nn.Module):
             self._packed[key] = self._pack()
         return self._packed[key]
 
+    def _make_call(self, x: torch.Tensor, residual: torch.Tensor | None) -> ops.Call:
+        raise NotImplementedError
+
+    def _call(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor | None:
+        """The op run directly, without the custom op's dispatch, or None where the custom op must run.
+
+        The custom op is what torch.compile, torch.export and tracers see; a plain eager call gets the
+        same result from the same code (``ops.*_call``) with the per-signature decisions cached here, as
+        on a small layer the dispatch costs more host time than the kernel takes on the GPU."""
+        if type(x) is not torch.Tensor or torch.compiler.is_compiling() or torch.jit.is_tracing():
+            return None
+        if torch.is_grad_enabled() and x.requires_grad:
+            return None  # the custom op refuses autograd loudly; a direct call would drop the gradient silently
+        if residual is not None and type(residual) is not torch.Tensor:
+            return None
+        buffers = self._buffers  # not self.weight: nn.Module.__getattr__ costs microseconds per access
+        weight, bias = buffers["weight"], buffers["bias"]
+        key = (
+            x.shape,
+            x.stride(),
+            x.dtype,
+            x.device,
+            x.data_ptr() % 16,
+            None if residual is None else (residual.shape, residual.stride(), residual.dtype, residual.data_ptr() % 16),
+            weight.data_ptr(),
+            weight._version,
+            None if bias is None else bias.data_ptr(),
+        )
+        calls = self.__dict__["_calls"]
+        call = calls.get(key)
+        if call is None:
+            call = self._make_call(x, residual)
+            if x.is_cuda and torch.cuda.is_current_stream_capturing():
+                return call(x, residual)  # a choice made during CUDA-graph capture is provisional
+            if len(calls) >= _MAX_CALLS:
+                calls.clear()
+            calls[key] = call
+        return call(x, residual)
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_packed"] = {}  # derived data: rebuilt on first use after loading
+        state["_calls"] = {}
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("_calls", {})
+        super().__setstate__(state)
 
 
 class FusedConv2d(_FusedBase):
@@ -99,12 +146,31 @@ class FusedConv2d(_FusedBase):
     def _pack(self) -> torch.Tensor | None:
         return kernel_dispatch.pack_conv(self.weight, self.groups, self.kernel_precision)
 
+    def _make_call(self, x: torch.Tensor, residual: torch.Tensor | None) -> ops.Call:
+        return ops.conv2d_call(
+            x,
+            self.weight,
+            self.bias,
+            residual,
+            self.packed_weight(x.device),
+            self.stride,
+            self.padding,
+            self.dilation,
+            self.groups,
+            self.epilogue,
+            self.kernel_precision,
+            self.backend,
+        )
+
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         e = self.epilogue
         if ops.is_decomposed():
             return ops.conv2d_reference(
                 x, self.weight, self.bias, residual, self.stride, self.padding, self.dilation, self.groups, e
             )
+        out = self._call(x, residual)
+        if out is not None:
+            return out
         return torch.ops.fuser.conv2d_act(
             x,
             self.weight,
@@ -151,10 +217,25 @@ class FusedLinear(_FusedBase):
     def _pack(self) -> torch.Tensor | None:
         return kernel_dispatch.pack_gemm(self.weight, self.kernel_precision)
 
+    def _make_call(self, x: torch.Tensor, residual: torch.Tensor | None) -> ops.Call:
+        return ops.gemm_call(
+            x,
+            self.weight,
+            self.bias,
+            residual,
+            self.packed_weight(x.device),
+            self.epilogue,
+            self.kernel_precision,
+            self.backend,
+        )
+
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         e = self.epilogue
         if ops.is_decomposed():
             return ops.gemm_reference(x, self.weight, self.bias, residual, e)
+        out = self._call(x, residual)
+        if out is not None:
+            return out
         return torch.ops.fuser.gemm_act(
             x,
             self.weight,

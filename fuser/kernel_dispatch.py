@@ -1,13 +1,14 @@
 """The one place where the graph side calls the Triton launchers of ``fuser.kernels``.
 
-Each function returns the kernel's output, or None when no kernel covers the case (then the op runs its
-torch reference, which is always correct). Which cases those are is decided by ``fuser.kernels`` itself
+:func:`conv2d` and :func:`gemm` return a call that runs the kernel for every call shaped like the example
+one (the launch plan is built once), or None when no kernel covers the case (then the op runs its torch
+reference, which is always correct). Which cases those are is decided by ``fuser.kernels`` itself
 (``conv2d_supported``) and by :func:`kernel_name`, which the report uses to say where a chain will run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -63,6 +64,10 @@ def _residual_fits(residual: torch.Tensor | None, out_shape: Sequence[int]) -> b
         return False
 
 
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # float64 models run the reference
+Call = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
 def conv2d(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -77,12 +82,15 @@ def conv2d(
     precision: Precision,
     *,
     interpret: bool,
-) -> torch.Tensor | None:
+) -> Call | None:
+    """``call(x, residual)`` running the kernel for every call shaped like this one, or None."""
     from fuser import kernels
     from fuser.ops import conv_output_size
 
     c_out, c_in_per_group, kh, kw = weight.shape
     if not kernels.conv2d_supported(c_in_per_group * groups, c_out, groups) or x.dim() != 4:
+        return None
+    if x.dtype not in KERNEL_DTYPES or weight.dtype not in KERNEL_DTYPES:
         return None
     oh, ow = conv_output_size(x.shape[2:], (kh, kw), stride, padding, dilation)
     if not _residual_fits(residual, (x.shape[0], c_out, oh, ow)):
@@ -92,7 +100,7 @@ def conv2d(
     packed_weight = kernels.PackedConvWeight.from_parts(
         packed, c_out, c_in_per_group * groups, kh, kw, groups, precision
     )
-    return kernels.conv2d_act(
+    plan = kernels.conv2d_act_plan(
         x,
         packed_weight,
         bias,
@@ -103,6 +111,7 @@ def conv2d(
         residual=residual,
         interpret=interpret,
     )
+    return lambda x, residual: plan(x, packed, bias, residual)
 
 
 def gemm(
@@ -115,20 +124,30 @@ def gemm(
     precision: Precision,
     *,
     interpret: bool,
-) -> torch.Tensor | None:
+) -> Call | None:
+    """``call(a, residual)`` running the kernel for every call shaped like this one, or None."""
     from fuser import kernels
 
     n, k = weight.shape
     out_shape = (*a.shape[:-1], n)
     if a.dim() == 0 or not _residual_fits(residual, out_shape):
         return None
+    if a.dtype not in KERNEL_DTYPES or weight.dtype not in KERNEL_DTYPES:
+        return None
     if packed is None:
         packed = pack_gemm(weight, precision)
     packed_weight = kernels.PackedGemmWeight.from_parts(packed, n, k, precision)
     if a.dim() in (2, 3):
-        return kernels.gemm_act(a, packed_weight, bias, epilogue=epilogue, residual=residual, interpret=interpret)
+        plan = kernels.gemm_act_plan(a, packed_weight, bias, epilogue=epilogue, residual=residual, interpret=interpret)
+        return lambda a, residual: plan(a, packed, bias, residual)
     # 1-D and 4-D+ inputs: the kernel sees the rows as one 2-D matrix.
-    rows = a.reshape(-1, k)
     res = None if residual is None else residual.expand(out_shape).reshape(-1, n)
-    out = kernels.gemm_act(rows, packed_weight, bias, epilogue=epilogue, residual=res, interpret=interpret)
-    return out.reshape(out_shape)
+    plan = kernels.gemm_act_plan(
+        a.reshape(-1, k), packed_weight, bias, epilogue=epilogue, residual=res, interpret=interpret
+    )
+
+    def call(a: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        res = None if residual is None else residual.expand(out_shape).reshape(-1, n)
+        return plan(a.reshape(-1, k), packed, bias, res).reshape(out_shape)
+
+    return call

@@ -7,8 +7,9 @@ A rewritten chain calls one of these through its fused module (fuser.fused_modul
   ("interpret", CPU tensors).
 
 The backend is chosen per call: "auto" runs the compiled kernels on CUDA tensors and the reference on CPU
-tensors. Inside :func:`decomposed` the fused modules skip the custom ops and run the reference code directly,
-so an exporter (torch.onnx) records standard ops.
+tensors; "measured" picks per call signature between the kernel and cuDNN/cuBLAS (fuser.path_choice).
+Inside :func:`decomposed` the fused modules skip the custom ops and run the reference code directly, so an
+exporter (torch.onnx) records standard ops.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from fuser import path_choice
 from fuser.kernels.epilogue import Activation, Epilogue, Residual, apply_epilogue_torch
 from fuser.kernels.precision import Precision
 
-BACKENDS = ("auto", "triton", "interpret", "torch")
+BACKENDS = ("auto", "triton", "measured", "interpret", "torch")
 
 _state = threading.local()
 
@@ -51,16 +52,16 @@ def check_backend(backend: str) -> str:
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
-    """The backend that runs on ``device``.
+    """The backend that runs on ``device``: "auto" becomes "triton" on CUDA and "torch" elsewhere.
 
-    "auto" becomes "measured" on CUDA (per call signature, the faster of the Triton kernel and the vendor
-    library, see fuser.path_choice) and "torch" elsewhere.
-    """
+    "measured" (CUDA only) runs, per call signature, the faster of the Triton kernel and the vendor library
+    on the folded weights (fuser.path_choice); it is not the default because on the models of
+    benchmarks/gpu_models.py the Triton kernels alone were faster (benchmarks/results)."""
     if backend == "auto":
-        return "measured" if device.type == "cuda" else "torch"
-    if backend == "triton" and device.type != "cuda":
+        return "triton" if device.type == "cuda" else "torch"
+    if backend in ("triton", "measured") and device.type != "cuda":
         raise ValueError(
-            f"backend='triton' runs compiled kernels on CUDA tensors, but the input is on {device}; "
+            f"backend={backend!r} runs compiled kernels on CUDA tensors, but the input is on {device}; "
             "use backend='interpret' to run the same kernels on the CPU, or 'torch' for the reference"
         )
     if backend == "interpret" and device.type != "cpu":
@@ -159,18 +160,6 @@ def _as_output(y: torch.Tensor, dtype: torch.dtype, memory_format: torch.memory_
     return y
 
 
-def _required(kernel: Callable[[], torch.Tensor | None]) -> Callable[[], torch.Tensor]:
-    """``kernel`` for timing: a kernel path that declines the call (returns None) must not time as fast."""
-
-    def run() -> torch.Tensor:
-        out = kernel()
-        if out is None:
-            raise LookupError("no kernel covers this call")
-        return out
-
-    return run
-
-
 def _epilogue(act: int, alpha: float, residual_mode: int, scale: float) -> Epilogue:
     return Epilogue(Activation(act), alpha, Residual(residual_mode), scale)
 
@@ -180,6 +169,105 @@ def conv_output_memory_format(x: torch.Tensor, backend: str) -> torch.memory_for
     if resolve_backend(backend, x.device) != "torch" or x.is_contiguous(memory_format=torch.channels_last):
         return torch.channels_last
     return torch.contiguous_format
+
+
+Call = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+def _measured(key: tuple, kernel: Call, library: Call, x: torch.Tensor, residual: torch.Tensor | None) -> Call:
+    """Under backend "measured": whichever of ``kernel`` and ``library`` path_choice finds faster for ``key``."""
+    chosen = path_choice.choose(key, lambda: kernel(x, residual), lambda: library(x, residual))
+    return library if chosen == path_choice.LIBRARY else kernel
+
+
+def conv2d_call(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    packed_weight: torch.Tensor | None,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    groups: int,
+    epilogue: Epilogue,
+    precision: Precision,
+    backend: str,
+) -> Call:
+    """``call(x, residual)`` computing ``fuser::conv2d_act`` for every call shaped like this one.
+
+    Every decision that depends only on the call's signature (backend, kernel or library, launch plan) is
+    taken here, once; the fused modules keep the call per input signature so that a repeated forward
+    only launches (the custom op builds it on every call)."""
+    chosen = resolve_backend(backend, x.device)
+    memory_format = conv_output_memory_format(x, backend)
+
+    def library(x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        y = conv2d_reference(x, weight, bias, residual, stride, padding, dilation, groups, epilogue, precision)
+        return _as_output(y, x.dtype, memory_format)
+
+    if chosen == "torch":
+        return library
+    from fuser import kernel_dispatch
+
+    kernel = kernel_dispatch.conv2d(
+        x,
+        weight,
+        bias,
+        residual,
+        packed_weight,
+        stride,
+        padding,
+        dilation,
+        groups,
+        epilogue,
+        precision,
+        interpret=chosen == "interpret",
+    )
+    if kernel is None:
+        return library
+    if chosen == "measured":
+        key = path_choice.signature(
+            x,
+            weight,
+            residual,
+            extra=("conv2d", *stride, *padding, *dilation, groups, epilogue, precision.value),
+        )
+        return _measured(key, kernel, library, x, residual)
+    return kernel
+
+
+def gemm_call(
+    a: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    packed_weight: torch.Tensor | None,
+    epilogue: Epilogue,
+    precision: Precision,
+    backend: str,
+) -> Call:
+    """``call(a, residual)`` computing ``fuser::gemm_act`` for every call shaped like this one (see
+    :func:`conv2d_call`)."""
+    chosen = resolve_backend(backend, a.device)
+
+    def library(a: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        y = gemm_reference(a, weight, bias, residual, epilogue, precision)
+        return _as_output(y, a.dtype, torch.contiguous_format)
+
+    if chosen == "torch":
+        return library
+    from fuser import kernel_dispatch
+
+    kernel = kernel_dispatch.gemm(
+        a, weight, bias, residual, packed_weight, epilogue, precision, interpret=chosen == "interpret"
+    )
+    if kernel is None:
+        return library
+    if chosen == "measured":
+        key = path_choice.signature(a, weight, residual, extra=("gemm", epilogue, precision.value))
+        return _measured(key, kernel, library, a, residual)
+    return kernel
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -208,42 +296,21 @@ def conv2d_act(
     ``packed_weight`` is ``weight`` packed for the kernels (fuser.kernels.pack_conv_weight), or None; the
     reference path ignores it. Output layout: see :func:`conv_output_memory_format`.
     """
-    epilogue = _epilogue(act, alpha, residual_mode, 1.0)
-    policy = Precision(precision)
-    chosen = resolve_backend(backend, x.device)
-
-    def library() -> torch.Tensor:
-        y = conv2d_reference(x, weight, bias, residual, stride, padding, dilation, groups, epilogue, policy)
-        return _as_output(y, x.dtype, conv_output_memory_format(x, backend))
-
-    if chosen == "torch":
-        return library()
-    from fuser import kernel_dispatch
-
-    def kernel() -> torch.Tensor | None:
-        return kernel_dispatch.conv2d(
-            x,
-            weight,
-            bias,
-            residual,
-            packed_weight,
-            stride,
-            padding,
-            dilation,
-            groups,
-            epilogue,
-            policy,
-            interpret=chosen == "interpret",
-        )
-
-    if chosen == "measured":
-        key = path_choice.signature(
-            x, weight, residual, extra=("conv2d", *stride, *padding, *dilation, groups, act, residual_mode, precision)
-        )
-        if path_choice.choose(key, _required(kernel), library) == path_choice.LIBRARY:
-            return library()
-    out = kernel()
-    return library() if out is None else out
+    call = conv2d_call(
+        x,
+        weight,
+        bias,
+        residual,
+        packed_weight,
+        stride,
+        padding,
+        dilation,
+        groups,
+        _epilogue(act, alpha, residual_mode, 1.0),
+        Precision(precision),
+        backend,
+    )
+    return call(x, residual)
 
 
 @conv2d_act.register_fake
@@ -287,29 +354,17 @@ def gemm_act(
     backend: str,
 ) -> torch.Tensor:
     """``epilogue(a @ weight.T + bias)`` for ``a`` of shape [..., K] and ``weight`` [N, K]."""
-    epilogue = _epilogue(act, alpha, residual_mode, scale)
-    policy = Precision(precision)
-    chosen = resolve_backend(backend, a.device)
-
-    def library() -> torch.Tensor:
-        y = gemm_reference(a, weight, bias, residual, epilogue, policy)
-        return _as_output(y, a.dtype, torch.contiguous_format)
-
-    if chosen == "torch":
-        return library()
-    from fuser import kernel_dispatch
-
-    def kernel() -> torch.Tensor | None:
-        return kernel_dispatch.gemm(
-            a, weight, bias, residual, packed_weight, epilogue, policy, interpret=chosen == "interpret"
-        )
-
-    if chosen == "measured":
-        key = path_choice.signature(a, weight, residual, extra=("gemm", act, residual_mode, scale, precision))
-        if path_choice.choose(key, _required(kernel), library) == path_choice.LIBRARY:
-            return library()
-    out = kernel()
-    return library() if out is None else out
+    call = gemm_call(
+        a,
+        weight,
+        bias,
+        residual,
+        packed_weight,
+        _epilogue(act, alpha, residual_mode, scale),
+        Precision(precision),
+        backend,
+    )
+    return call(a, residual)
 
 
 @gemm_act.register_fake

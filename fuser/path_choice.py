@@ -1,12 +1,15 @@
-"""backend="auto" on CUDA: each fused op runs the faster of its two implementations, measured once.
+"""backend="measured" on CUDA: each fused op runs the faster of its two implementations, measured once.
 
 A fused chain has two correct implementations on a GPU: the fused Triton kernel, and the vendor library
 (cuDNN / cuBLAS) on the folded parameters followed by the epilogue in torch. Which is faster depends on the
 layer: the Triton kernels win where the epilogue, the layout and the launch count dominate (the stem, strided
-layers, memory-bound shapes), cuDNN's tuned convolutions win on some large 3x3 layers. So, like a tile
-config, the choice is measured, not guessed: on the first call with a given signature both run on the call's
-own tensors (triton.testing.do_bench medians) and the faster is kept for the process. backend="triton" always
-runs the Triton kernel.
+layers, memory-bound shapes), cuDNN's tuned convolutions win on some large 3x3 layers. On the first call with
+a given signature both run on the call's own tensors and the faster is kept for the process.
+
+The measure is the wall time per call of back-to-back calls, synchronized once at the end: what a forward
+pays for a layer, the GPU time where the layer is GPU-bound and the host time (launches, Python) where it is
+launch-bound, as small layers at batch 1 are. A GPU-only timing (do_bench) ignores the library path's extra
+launches and chose it where the model then ran slower (benchmarks/results/gpu-models-2026-12-01.json).
 
 Nothing is measured while a CUDA graph is being recorded (the kernel runs then); fuser.cuda_graphs warms up
 before it records, so the choice is made by then.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -28,12 +32,20 @@ _timings: dict[Hashable, tuple[float, float]] = {}
 _lock = threading.Lock()
 
 
-def _time_ms(fn: Callable[[], Any]) -> float:
-    """Median ms of ``fn``; inf when it fails (then the other implementation is taken)."""
-    from fuser.kernels.autotune import do_bench_ms
-
+def _time_ms(fn: Callable[[], Any], calls: int = 10, rounds: int = 3) -> float:
+    """Best over ``rounds`` of the wall ms per call of ``calls`` back-to-back calls; inf when ``fn`` fails
+    (then the other implementation is taken)."""
     try:
-        return do_bench_ms(fn)
+        fn()
+        torch.cuda.synchronize()
+        best = math.inf
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            best = min(best, (time.perf_counter() - start) / calls * 1e3)
+        return best
     except Exception:
         return math.inf
 

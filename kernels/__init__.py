@@ -2,9 +2,9 @@
 their epilogues, and the launchers the graph side calls. No graph code lives here."""
 
 from .autotune import set_cache_dir
-from .conv import conv2d_act, conv2d_supported
+from .conv import conv2d_act, conv2d_act_plan, conv2d_supported
 from .epilogue import Activation, Epilogue, Residual
-from .gemm import gemm_act
+from .gemm import gemm_act, gemm_act_plan
 from .packing import PackedConvWeight, PackedGemmWeight, pack_conv_weight, pack_gemm_weight
 from .precision import Precision
 
@@ -16,8 +16,10 @@ __all__ = [
     "Precision",
     "Residual",
     "conv2d_act",
+    "conv2d_act_plan",
     "conv2d_supported",
     "gemm_act",
+    "gemm_act_plan",
     "pack_conv_weight",
     "pack_gemm_weight",
     "set_cache_dir",

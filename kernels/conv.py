@@ -274,6 +274,32 @@ def conv2d_act(
     ``interpret=True`` runs the same kernels in Triton's interpreter on CPU tensors. ``path`` forces
     the tensor-descriptor or the pointer path (tests).
     """
+    plan = conv2d_act_plan(
+        x, weight, bias, stride=stride, padding=padding, dilation=dilation, epilogue=epilogue, residual=residual,
+        interpret=interpret, path=path,
+    )  # fmt: skip
+    return plan(x, weight.data, bias, residual)
+
+
+def conv2d_act_plan(
+    x: torch.Tensor,
+    weight: PackedConvWeight,
+    bias: torch.Tensor | None = None,
+    *,
+    stride: int | Sequence[int] = (1, 1),
+    padding: int | Sequence[int] = (0, 0, 0, 0),
+    dilation: int | Sequence[int] = (1, 1),
+    epilogue: Epilogue = NO_EPILOGUE,
+    residual: torch.Tensor | None = None,
+    interpret: bool = False,
+    path: str = "auto",
+) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None], torch.Tensor]:
+    """The launch plan of :func:`conv2d_act` for calls like this one: ``plan(x, weight.data, bias, residual)``.
+
+    Valid for any tensors with the same shapes, strides, dtypes, devices and 16-byte alignment as the
+    example ones. A caller that makes the same call many times (a fused module) keeps the plan and skips
+    the signature lookup; the first call of a signature checks the inputs and measures the tile candidates.
+    """
     try:
         key = (
             tensor_meta(x), tensor_meta(weight.data), weight.out_channels, weight.in_channels, weight.kernel_size,
@@ -287,7 +313,7 @@ def conv2d_act(
         plan = _plan_conv(x, weight, bias, stride, padding, dilation, epilogue, residual, interpret, path)
         if key is not None:
             _plans[key] = plan
-    return plan(x, weight.data, bias, residual)
+    return plan
 
 
 def _plan_conv(

@@ -282,6 +282,25 @@ def gemm_act(
     ``residual`` broadcasts to the output. ``interpret=True`` runs the same kernel in Triton's
     interpreter on CPU tensors. ``path`` forces the tensor-descriptor or the pointer path (tests).
     """
+    plan = gemm_act_plan(a, weight, bias, epilogue=epilogue, residual=residual, interpret=interpret, path=path)
+    return plan(a, weight.data, bias, residual)
+
+
+def gemm_act_plan(
+    a: torch.Tensor,
+    weight: PackedGemmWeight,
+    bias: torch.Tensor | None = None,
+    *,
+    epilogue: Epilogue = NO_EPILOGUE,
+    residual: torch.Tensor | None = None,
+    interpret: bool = False,
+    path: str = "auto",
+) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None], torch.Tensor]:
+    """The launch plan of :func:`gemm_act` for calls like this one: ``plan(a, weight.data, bias, residual)``.
+
+    Valid for any tensors with the same shapes, strides, dtypes, devices and 16-byte alignment as the
+    example ones (see :func:`fuser.kernels.conv.conv2d_act_plan`).
+    """
     try:
         key = (
             tensor_meta(a), tensor_meta(weight.data), weight.out_features, weight.in_features, weight.precision,
@@ -294,7 +313,7 @@ def gemm_act(
         plan = _plan_gemm(a, weight, bias, epilogue, residual, interpret, path)
         if key is not None:
             _plans[key] = plan
-    return plan(a, weight.data, bias, residual)
+    return plan
 
 
 def _plan_gemm(

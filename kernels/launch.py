@@ -4,6 +4,7 @@ and the choice between the tensor-descriptor (TMA) path and the pointer path."""
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -145,12 +146,9 @@ def make_descriptor(t: torch.Tensor, block_shape: Sequence[int]) -> Any:
     if _DESCRIPTOR_DEFAULTS is None:
         _DESCRIPTOR_DEFAULTS = _descriptor_defaults()
     desc = object.__new__(TensorDescriptor)
-    for name, value in _DESCRIPTOR_DEFAULTS.items():
-        object.__setattr__(desc, name, value)
-    object.__setattr__(desc, "base", t)
-    object.__setattr__(desc, "shape", list(t.shape))
-    object.__setattr__(desc, "strides", list(t.stride()))
-    object.__setattr__(desc, "block_shape", list(block_shape))
+    fields = desc.__dict__
+    fields.update(_DESCRIPTOR_DEFAULTS)
+    fields.update(base=t, shape=list(t.shape), strides=list(t.stride()), block_shape=block_shape)
     return desc
 
 
@@ -159,22 +157,94 @@ def check_path(op: str, path: str) -> None:
         raise ValueError(f"{op}: path must be 'auto', 'descriptor' or 'pointer', got {path!r}")
 
 
-def launch_options(kernel: JITFunction, constexprs: dict[str, Any], config: TileConfig) -> dict[str, Any]:
-    """Keyword arguments of one launch: the kernel's constexprs, its tile constexprs, warps and stages."""
+class LaunchOptions:
+    """One launch plan's keyword arguments (constexprs, warps, stages), and after its first compiled launch
+    the compiled kernel, which later launches of the plan call directly.
+
+    ``JITFunction.run`` binds and specializes every argument and hashes a cache key on each call: tens of
+    microseconds of host time, more than a small layer takes on the GPU. A plan's calls all have the same
+    specialization (its key pins shapes, strides, dtypes and 16-byte alignment, and every scalar argument
+    is a constant of the plan), so the kernel compiled for the first call is the kernel of every call, and
+    the launch can skip straight to what ``JITFunction.run`` ends with: ``compiled.run(...)`` with the
+    bound arguments in parameter order and the same launch hooks. Set :data:`DIRECT_LAUNCH` to False to
+    go through ``JITFunction.run`` every time.
+    """
+
+    __slots__ = ("_compiled", "_constexpr_tail", "_device", "kwargs")
+
+    def __init__(self, kwargs: dict[str, Any]) -> None:
+        self.kwargs = kwargs
+        self._compiled: Any = None
+        self._device: int | None = None
+        self._constexpr_tail: tuple[Any, ...] = ()
+
+    def launch(self, kernel: JITFunction, grid: tuple[int, ...], args: Sequence[Any]) -> Any:
+        compiled = self._compiled
+        if compiled is not None and DIRECT_LAUNCH:
+            from triton import knobs
+            from triton.runtime.driver import driver
+
+            device = driver.active.get_current_device()
+            if device == self._device:
+                stream = driver.active.get_current_stream(device)
+                bound = (*args, *self._constexpr_tail)
+                metadata = compiled.launch_metadata(grid, stream, *bound)
+                compiled.run(
+                    grid[0],
+                    grid[1] if len(grid) > 1 else 1,
+                    grid[2] if len(grid) > 2 else 1,
+                    stream,
+                    compiled.function,
+                    compiled.packed_metadata,
+                    metadata,
+                    knobs.runtime.launch_enter_hook,
+                    knobs.runtime.launch_exit_hook,
+                    *bound,
+                )
+                return compiled
+        compiled = kernel[grid](*args, **self.kwargs)
+        self._remember(kernel, compiled, len(args))
+        return compiled
+
+    def _remember(self, kernel: JITFunction, compiled: Any, positional: int) -> None:
+        """Keep ``compiled`` for direct launches when every parameter after the positional arguments is a
+        constexpr this plan passes (or that has a default); otherwise keep using ``JITFunction.run``."""
+        from triton.runtime.driver import driver
+
+        tail = []
+        for param in kernel.params[positional:]:
+            if param.name in self.kwargs:
+                tail.append(self.kwargs[param.name])
+            elif getattr(param, "default", inspect.Parameter.empty) is not inspect.Parameter.empty:
+                tail.append(param.default)
+            else:
+                return
+        if not all(hasattr(compiled, name) for name in ("run", "function", "packed_metadata", "launch_metadata")):
+            return
+        self._constexpr_tail = tuple(tail)
+        self._device = driver.active.get_current_device()
+        self._compiled = compiled
+
+
+DIRECT_LAUNCH = True
+
+
+def launch_options(kernel: JITFunction, constexprs: dict[str, Any], config: TileConfig) -> LaunchOptions:
+    """Options of one plan's launches: the kernel's constexprs, its tile constexprs, warps and stages."""
     tile = {name: value for name, value in config.constexprs().items() if name in kernel.arg_names}
-    return {**constexprs, **tile, "num_warps": config.num_warps, "num_stages": config.num_stages}
+    return LaunchOptions({**constexprs, **tile, "num_warps": config.num_warps, "num_stages": config.num_stages})
 
 
 def launch(
     kernel: JITFunction,
     grid: tuple[int, ...],
     args: Sequence[Any],
-    options: dict[str, Any],
+    options: LaunchOptions,
     interpret: bool,
 ) -> Any:
     """Launch compiled (returns Triton's compiled kernel, whose ``asm`` holds the PTX), or run the same
     kernel in the interpreter (returns None; it ignores ``num_warps`` / ``num_stages``)."""
     if interpret:
-        run_interpreted(kernel, grid, *args, **options)
+        run_interpreted(kernel, grid, *args, **options.kwargs)
         return None
-    return kernel[grid](*args, **options)
+    return options.launch(kernel, grid, args)

@@ -19,3 +19,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _seeded() -> None:
     """Every test draws from a known seed, so a failure reproduces."""
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _default_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Correctness tests take each kernel's default tile config: measuring the candidates of every shape a
+    whole model has would compile and time dozens of kernels per test. Tests of the tuning set it back."""
+    monkeypatch.setenv("FUSER_AUTOTUNE", "0")

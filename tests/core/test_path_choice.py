@@ -1,4 +1,4 @@
-"""backend="auto" on CUDA: each fused op takes the faster of its Triton kernel and the vendor library."""
+"""backend="measured" on CUDA: each fused op takes the faster of its Triton kernel and the vendor library."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def test_signature_tells_shapes_strides_and_dtypes_apart():
 
 
 @pytest.mark.gpu
-def test_auto_backend_on_cuda_measures_and_stays_correct():
+def test_measured_backend_on_cuda_measures_and_stays_correct():
     for make, inputs in [
         (lambda: Untraceable(), (torch.randn(2, 3, 21, 19),)),
         (lambda: ConvBnActAdd(19), (torch.randn(1, 19, 33, 31),)),
@@ -87,9 +87,15 @@ def test_auto_backend_on_cuda_measures_and_stays_correct():
     ]:
         model = seeded(make())
         expected = reference64(model, *inputs)
-        opt = fuser.optimize(model.cuda(), tuple(t.cuda() for t in inputs))  # backend="auto"
+        opt = fuser.optimize(model.cuda(), tuple(t.cuda() for t in inputs), backend="measured")
         with torch.no_grad():
             assert_close(opt(*(t.cuda() for t in inputs)), expected, "tf32")
     made = path_choice.choices()
     assert made and {c for c, _, _ in made.values()} <= {path_choice.KERNEL, path_choice.LIBRARY}
     assert all(math.isfinite(min(k, lib)) for _, k, lib in made.values())
+
+
+def test_measured_backend_needs_cuda_inputs():
+    model = seeded(LinearAct(act=torch.relu))
+    with pytest.raises(ValueError, match="backend='measured' runs compiled kernels on CUDA tensors"):
+        fuser.optimize(model, (torch.randn(3, 19),), backend="measured")

@@ -49,12 +49,6 @@ CONV_CASES = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _fixed_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Correctness tests take each kernel's default tile: measuring every shape would only cost time."""
-    monkeypatch.setenv("FUSER_AUTOTUNE", "0")
-
-
 def run_conv(case: ConvCase, epilogue: Epilogue, precision: str, dtype: torch.dtype, path: str = "auto"):
     x, w, b, residual = conv_inputs(case, epilogue, dtype, device="cuda")
     out = conv2d_act(
@@ -206,3 +200,47 @@ def test_autotune_cache_on_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         assert json.loads(files[0].read_text())["key"] == entry["key"]  # rewritten, readable again
     finally:
         set_cache_dir(None)
+
+
+@pytest.mark.parametrize("case", CONV_CASES[:5], ids=str)
+def test_direct_launch_matches_jit_launch(monkeypatch: pytest.MonkeyPatch, case: ConvCase) -> None:
+    """A plan's first call goes through JITFunction.run, later ones launch the compiled kernel directly
+    (kernels/launch.py): the results must be identical, and the later calls must not bind again."""
+    from triton.runtime.jit import JITFunction
+
+    from fuser.kernels import launch as launch_module
+
+    binds = []
+    real_run = JITFunction.run
+
+    def counting_run(self, *args, **kwargs):
+        binds.append(self.fn.__name__)
+        return real_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(JITFunction, "run", counting_run)
+    epilogue = Epilogue(Activation.HARDSWISH, residual=Residual.AFTER_ACT)
+    x, w, b, residual = conv_inputs(case, epilogue, torch.float32, device="cuda")
+    packed = pack_conv_weight(w, "tf32", groups=case.groups)
+
+    def call() -> torch.Tensor:
+        return conv2d_act(x, packed, b, stride=case.stride, padding=case.padding, dilation=case.dilation,
+                          epilogue=epilogue, residual=residual)  # fmt: skip
+
+    first = call()
+    assert binds, "the first call of a plan goes through JITFunction.run"
+    binds.clear()
+    direct = [call() for _ in range(3)]
+    assert not binds, f"later calls bound their arguments again: {binds}"
+    monkeypatch.setattr(launch_module, "DIRECT_LAUNCH", False)
+    jit = call()
+    torch.cuda.synchronize()
+    for out in [*direct, jit]:
+        assert torch.equal(out, first)
+    assert_close(first, conv_reference(x, w, b, case, epilogue, residual), "tf32", str(case))
+
+    a = torch.randn(33, 300, device="cuda")
+    wg = torch.randn(45, 300, device="cuda")
+    packed_g = pack_gemm_weight(wg, "tf32")
+    gemm_first = gemm_act(a, packed_g, epilogue=Epilogue(Activation.GELU_TANH))
+    gemm_again = gemm_act(a, packed_g, epilogue=Epilogue(Activation.GELU_TANH))
+    assert torch.equal(gemm_first, gemm_again)
