@@ -22,7 +22,7 @@ stage() {
     summary+=("$name rc=$rc in $((SECONDS - start)) s")
 }
 want() { [[ " ${STAGES:-tests models demo layers} " == *" $1 "* ]]; }
-want tests && stage gpu_tests "${GPU_TEST_S:-230}" python3 -m pytest -m gpu -n 8 -q -p no:cacheprovider -rf tests
+want tests && stage gpu_tests "${GPU_TEST_S:-230}" python3 -m pytest -m gpu -n 12 -v -p no:cacheprovider -rf --durations=12 tests
 want models && stage gpu_models "${MODELS_S:-180}" python3 -m benchmarks.gpu_models --out "$OUT" \
     --budget-s "${MODELS_BUDGET_S:-110}" ${MODELS_ARGS:-}
 want demo && stage demo "${DEMO_S:-60}" python3 -m fuser.demo --out "$OUT"
@@ -30,6 +30,6 @@ want layers && stage layers "${LAYERS_S:-150}" python3 -m benchmarks.layers --ou
 # The tile choices measured here: carry .fuser_autotune on the next call and they are not measured again.
 tar czf "$OUT/autotune.tgz" .fuser_autotune 2>/dev/null
 echo "===== summary" >> "$LOG"
-grep -E "^(FAILED|ERROR)|passed|failed" "$LOG" | tail -25
+grep -E "^(FAILED|ERROR)| FAILED |passed|failed" "$LOG" | tail -25
 grep -E "B1 |B32 |fuser vs eager|time per forward|kernel launches|rel. error" "$LOG" | tail -14
 printf '%s\n' "${summary[@]}"
