@@ -327,7 +327,7 @@ def plan(quick: bool) -> list[tuple]:
     return rows
 
 
-def run(out_dir: Path, quick: bool, no_compile: bool) -> Path:
+def run(out_dir: Path, quick: bool, no_compile: bool, only: list[str] | None = None) -> Path:
     import triton
 
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -349,6 +349,9 @@ def run(out_dir: Path, quick: bool, no_compile: bool) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     print(json.dumps(result["ceilings"]), flush=True)
     for kind, layer, batch, dtype, use_compile in plan(quick):
+        name = getattr(layer, "name", str(layer))
+        if only and not any(part in f"{name} B={batch} {dtype}" for part in only):
+            continue
         try:
             if kind == "conv":
                 row = conv_row(layer, batch, dtype, result["ceilings"], use_compile and not no_compile)
@@ -477,6 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="measure on the GPU and write layers-<date>.json here")
     parser.add_argument("--quick", action="store_true", help="leave out the batch-1 conv rows")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile columns")
+    parser.add_argument(
+        "--only", action="append", help="only rows whose 'NAME B=BATCH DTYPE' contains this (repeatable)"
+    )
     parser.add_argument("--table", type=Path, help="print the markdown table of a results JSON")
     parser.add_argument("--plot", nargs=2, type=Path, metavar=("RESULTS", "PNG"), help="write the speedup plot")
     args = parser.parse_args(argv)
@@ -487,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.out:
         if not torch.cuda.is_available():
             parser.error("measuring needs a CUDA GPU")
-        print(run(args.out, args.quick, args.no_compile))
+        print(run(args.out, args.quick, args.no_compile, args.only))
     else:
         parser.print_help()
     return 0

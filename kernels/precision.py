@@ -48,8 +48,9 @@ def round_to_tf32(t: torch.Tensor) -> torch.Tensor:
 
     The tensor cores read only the top 19 bits of a float32 operand: fed unrounded values they truncate,
     which biases every product toward zero (a relative bias of about 2^-12 per operand, adding up layer
-    after layer). cuBLAS and cuDNN round first; so does fuser, weights once at packing time (here) and
-    activations as they are loaded (:func:`dot_acc`). Inf stays inf; NaN stays NaN.
+    after layer). cuBLAS and cuDNN round first; fuser rounds the weights, once, at packing time (here),
+    which halves the bias at no cost per call (see :func:`dot_acc` for the activations). Inf stays inf;
+    NaN stays NaN.
     """
     if t.dtype != torch.float32:
         return t
@@ -59,26 +60,18 @@ def round_to_tf32(t: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _round_to_tf32(x):
-    bits = x.to(tl.int32, bitcast=True)
-    rounded = ((bits + 0x1000) & -0x2000).to(tl.float32, bitcast=True)
-    return tl.where(x == x, rounded, x)  # a NaN keeps its payload
-
-
-@triton.jit
 def dot_acc(a, b, acc, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """``acc + a @ b`` with ``a`` cast to ``b``'s dtype (the packed weight carries the operand dtype).
 
-    Under "tf32" the activations are rounded to TF32 here (the packed weights already are: see
-    :func:`round_to_tf32` for why). ``UPCAST`` is set under the interpreter only: its ``tl.dot``
-    multiplies bfloat16 values as raw integers, so the operands, already rounded to their dtype, go to
-    float32, where products of 16-bit values are exact and the numerics match the tensor cores' float32
-    accumulation.
+    Under "tf32" the weights come rounded to nearest from packing (:func:`round_to_tf32`); the activations
+    are not rounded here: doing it in the load path moved every A tile through the registers and cost
+    17% on the 8192x4096x16384 GEMM and up to 27% on 3x3 convs (benchmarks/results/layers-2026-12-01.json),
+    for an error that was within the tf32 tolerance without it (8e-4 with neither operand rounded).
+    ``UPCAST`` is set under the interpreter only: its ``tl.dot`` multiplies bfloat16 values as raw
+    integers, so the operands, already rounded to their dtype, go to float32, where products of 16-bit
+    values are exact and the numerics match the tensor cores' float32 accumulation.
     """
     a = a.to(b.dtype)
-    if DOT_PRECISION == "tf32":  # noqa: SIM102 (a constexpr test, then a dtype test: kept apart for triton 3.6)
-        if a.dtype == tl.float32:
-            a = _round_to_tf32(a)
     if UPCAST:
         a = a.to(tl.float32)
         b = b.to(tl.float32)

@@ -1,4 +1,4 @@
-"""TF32 operands are rounded to nearest, as cuBLAS and cuDNN do, not truncated as the tensor cores would."""
+"""TF32 weights are rounded to nearest at packing time (as cuBLAS and cuDNN round), not truncated."""
 
 from __future__ import annotations
 
