@@ -2,6 +2,7 @@
 
     python -m benchmarks.gpu_models --out DIR [--compile] [--quick]
     python -m benchmarks.gpu_models --table RESULTS.json
+    python -m benchmarks.gpu_models --plot RESULTS.json PNG     speedup of every variant over eager
 
 Rows: YOLOv8n-shaped @640, EfficientNet-B0 @224, ResNet-50 @224, each at batch 1 in float32 and batch 32 in
 float16, channels_last inputs. Variants: eager (cudnn.benchmark on, TF32 allowed); fuser as optimize() gives it
@@ -124,6 +125,36 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def plot(result: dict, png: Path) -> None:
+    """Grouped bars: each variant's speedup over eager (log scale), one group per row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    rows = result["rows"]
+    labels = [k for k in dict.fromkeys(k for r in rows for k in r["ms"]) if k != "eager"]
+    width = 0.8 / len(labels)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(rows)), 3.8))
+    for i, label in enumerate(labels):
+        xs = [j + (i - (len(labels) - 1) / 2) * width for j in range(len(rows))]
+        ys = [r["ms"]["eager"] / r["ms"][label] if label in r["ms"] else 0.0 for r in rows]
+        ax.bar(xs, ys, width, label=label)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.set_xticks(range(len(rows)), [f"{r['model']}\nB{r['batch']} {r['dtype']}" for r in rows], fontsize=8)
+    ax.set_ylabel("speedup over eager (x)")
+    ax.set_title(f"whole models on {result['card']} ({result['date']})", fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("."))
@@ -131,10 +162,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="batch-1 rows only, fewer repeats")
     parser.add_argument("--model", action="append", choices=sorted({r[0] for r in ROWS}), help="only these models")
     parser.add_argument("--table", type=Path, help="print the markdown table of a results JSON and exit")
+    parser.add_argument("--plot", nargs=2, type=Path, metavar=("RESULTS", "PNG"), help="write the speedup plot")
     parser.add_argument("--budget-s", type=float, default=float("inf"), help="start no new row after this long")
     args = parser.parse_args()
     if args.table:
         print(table(json.loads(args.table.read_text())))
+        return
+    if args.plot:
+        plot(json.loads(args.plot[0].read_text()), args.plot[1])
         return
     torch.backends.cudnn.benchmark = True
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -163,7 +198,8 @@ def main() -> None:
         result["rows"].append(run_row(*r, compile_modes=modes, repeats=20 if args.quick else 50))
         path.write_text(json.dumps(result, indent=2) + "\n")  # after every row: a run cut short keeps its rows
     print(table(result))
-    print(f"wrote {path}")
+    plot(result, path.with_suffix(".png"))
+    print(f"wrote {path} and .png")
 
 
 if __name__ == "__main__":

@@ -18,9 +18,39 @@ RESULTS = ROOT / "benchmarks" / "results"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 
-def newest(pattern: str) -> Path | None:
-    found = sorted(RESULTS.glob(pattern))
-    return found[-1] if found else None
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def runs(pattern: str) -> tuple[list[Path], list[Path]]:
+    """(the complete runs of the newest date, the partial follow-up runs of that date). A run whose JSON
+    says "superseded" (kept as evidence for a decision) is left out; one that says "partial" is shown after."""
+    found = [p for p in sorted(RESULTS.glob(pattern)) if "superseded" not in _load(p)]
+    complete = [p for p in found if "partial" not in _load(p)]
+    if not complete:
+        return [], []
+    date = _load(complete[-1]).get("date")
+    same_date = [p for p in found if _load(p).get("date") == date]
+    if pattern.startswith("layers"):  # one full layer table: the newest
+        return [complete[-1]], [p for p in same_date if "partial" in _load(p)]
+    return [p for p in same_date if "partial" not in _load(p)], [p for p in same_date if "partial" in _load(p)]
+
+
+def _block(path: Path, make_table) -> str:
+    result = _load(path)
+    body = "\n".join(
+        "####" + line.lstrip("#") if line.startswith("#") else line for line in make_table(result).splitlines()
+    )
+    where = result.get("card") or result.get("gpu") or result.get("machine", {}).get("cpu", "")
+    versions = result.get("versions") or {k: result[k] for k in ("torch", "triton", "cuda") if k in result}
+    versions = ", ".join(f"{k} {v}" for k, v in versions.items())
+    note = f"\n\n{result['partial']}" if "partial" in result else ""
+    plot = path.with_suffix(".png")
+    picture = f"\n\n![{path.stem}]({plot.relative_to(ROOT)})" if plot.exists() else ""
+    return (
+        f"{where}; {versions}; measured {result.get('date', '?')}; "
+        f"from [`{path.relative_to(ROOT)}`]({path.relative_to(ROOT)}).{note}\n\n{body}{picture}"
+    )
 
 
 def section() -> str:
@@ -36,21 +66,12 @@ def section() -> str:
         ("cpu-models-*.json", cpu_models.table, "Whole models on the CPU (torch backend)"),
     ]
     for pattern, make_table, title in sources:
-        path = newest(pattern)
-        if path is None:
+        complete, partial = runs(pattern)
+        if not complete:
             parts.append(f"### {title}\n\nNot measured yet (no `benchmarks/results/{pattern}`).")
             continue
-        result = json.loads(path.read_text())
-        body = "\n".join(
-            "####" + line.lstrip("#") if line.startswith("#") else line for line in make_table(result).splitlines()
-        )
-        where = result.get("card") or result.get("gpu") or result.get("machine", {}).get("cpu", "")
-        versions = result.get("versions") or {k: result[k] for k in ("torch", "triton", "cuda") if k in result}
-        versions = ", ".join(f"{k} {v}" for k, v in versions.items())
-        parts.append(
-            f"### {title}\n\n{where}; {versions}; measured {result.get('date', '?')}; "
-            f"from [`{path.relative_to(ROOT)}`]({path.relative_to(ROOT)}).\n\n{body}"
-        )
+        blocks = [_block(p, make_table) for p in complete] + [_block(p, make_table) for p in partial]
+        parts.append(f"### {title}\n\n" + "\n\n".join(blocks))
     return "\n\n".join(parts)
 
 
