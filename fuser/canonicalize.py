@@ -306,8 +306,8 @@ def _number_operand(node: fx.Node, targets: set, method: str) -> tuple[fx.Node, 
     return None
 
 
-def _erf_argument_of(node: Any) -> fx.Node | None:
-    """x when ``node`` is erf(x / sqrt(2)) or erf(x * (1 / sqrt(2)))."""
+def _erf_argument_of(node: Any) -> tuple[fx.Node, list[fx.Node]] | None:
+    """(x, the nodes between) when ``node`` is erf(x / sqrt(2)) or erf(x * (1 / sqrt(2)))."""
     if not (isinstance(node, fx.Node) and node.op == "call_function" and node.target is torch.erf):
         return None
     inner = node.args[0]
@@ -315,44 +315,93 @@ def _erf_argument_of(node: Any) -> fx.Node | None:
         return None
     div = _number_operand(inner, DIV_TARGETS, "div")
     if div is not None and math.isclose(div[1], math.sqrt(2.0), rel_tol=1e-4):
-        return div[0]
+        return div[0], [inner]
     mul = _number_operand(inner, MUL_TARGETS, "mul")
     if mul is not None and math.isclose(mul[1], math.sqrt(0.5), rel_tol=1e-4):
-        return mul[0]
+        return mul[0], [inner]
     return None
 
 
-def rule_erf_form_is_gelu(node: fx.Node, ctx: Context) -> bool:
-    """0.5 * x * (1 + erf(x / sqrt(2))), in the association orders exporters write, becomes gelu(x)."""
+def _cube_of(node: Any) -> tuple[fx.Node, list[fx.Node]] | None:
+    """(x, the nodes between) when ``node`` is x ** 3, pow(x, 3), x * (x * x) or (x * x) * x."""
+    if not isinstance(node, fx.Node):
+        return None
+    is_pow = (node.op == "call_function" and node.target in (torch.pow, operator.pow)) or (
+        node.op == "call_method" and node.target == "pow"
+    )
+    if is_pow and len(node.args) == 2 and not node.kwargs and is_number(node.args[1]) and node.args[1] == 3:
+        return (node.args[0], []) if isinstance(node.args[0], fx.Node) else None
+    ops = _mul_operands(node)
+    if ops is None:
+        return None
+    for x, square in (ops, ops[::-1]):
+        inner = _mul_operands(square) if isinstance(square, fx.Node) else None
+        if isinstance(x, fx.Node) and inner is not None and inner[0] is x and inner[1] is x:
+            return x, [square]
+    return None
+
+
+def _tanh_argument_of(node: Any) -> tuple[fx.Node, list[fx.Node]] | None:
+    """(x, the nodes between) when ``node`` is tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))."""
+    if not (isinstance(node, fx.Node) and read_activation(node) == (Activation.TANH, 0.0) and node.args):
+        return None
+    scaled = _number_operand(node.args[0], MUL_TARGETS, "mul") if isinstance(node.args[0], fx.Node) else None
+    if scaled is None or not math.isclose(scaled[1], math.sqrt(2.0 / math.pi), rel_tol=1e-4):
+        return None
+    total = scaled[0]
+    is_add = (total.op == "call_function" and total.target in ADD_TARGETS) or (
+        total.op == "call_method" and total.target == "add"
+    )
+    if not is_add or len(total.args) != 2 or total.kwargs:
+        return None
+    for x, cubic in (total.args, total.args[::-1]):
+        term = _number_operand(cubic, MUL_TARGETS, "mul") if isinstance(cubic, fx.Node) else None
+        if term is None or not math.isclose(term[1], 0.044715, rel_tol=1e-4):
+            continue
+        cube = _cube_of(term[0])
+        if cube is not None and cube[0] is x:
+            return x, [node.args[0], total, cubic, term[0], *cube[1]]
+    return None
+
+
+# The gates of the written-out GELUs: erf(x / sqrt(2)) is the exact GELU, the tanh polynomial the approximation.
+_GELU_GATES = ((_erf_argument_of, "none"), (_tanh_argument_of, "tanh"))
+
+
+def rule_written_out_gelu(node: fx.Node, ctx: Context) -> bool:
+    """0.5 * x * (1 + erf(x / sqrt(2))) and 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))), in the
+    association orders exporters and hand-written models use, become gelu(x) (approximate "none" / "tanh")."""
     ops = _mul_operands(node)
     if ops is None:
         return False
     half = _number_operand(node, MUL_TARGETS, "mul")
     if half is not None and half[1] == 0.5:
-        # (x * (1 + erf(x / sqrt2))) * 0.5
+        # (x * (1 + gate(x))) * 0.5
         product = _mul_operands(half[0])
         candidates = [(product, half[0])] if product is not None else []
     else:
-        # (x * 0.5) * (1 + erf(x / sqrt2))
+        # (x * 0.5) * (1 + gate(x))
         candidates = [(ops, None)]
     for pair, inner_mul in candidates:
         for left, right in (pair, pair[::-1]):
             one_plus = _number_operand(right, ADD_TARGETS, "add") if isinstance(right, fx.Node) else None
             if one_plus is None or one_plus[1] != 1.0:
                 continue
-            x = _erf_argument_of(one_plus[0])
-            if x is None:
-                continue
-            if inner_mul is not None and left is x:
-                _replace(node, F.gelu, (x,), {"approximate": "none"})
-                _erase_if_dead(inner_mul, right, one_plus[0], one_plus[0].args[0])
-                return True
-            if inner_mul is None and isinstance(left, fx.Node):
-                scaled = _number_operand(left, MUL_TARGETS, "mul")
-                if scaled is not None and scaled[0] is x and scaled[1] == 0.5:
-                    _replace(node, F.gelu, (x,), {"approximate": "none"})
-                    _erase_if_dead(left, right, one_plus[0], one_plus[0].args[0])
+            for gate_argument, approximate in _GELU_GATES:
+                found = gate_argument(one_plus[0])
+                if found is None:
+                    continue
+                x, between = found
+                if inner_mul is not None and left is x:
+                    _replace(node, F.gelu, (x,), {"approximate": approximate})
+                    _erase_if_dead(inner_mul, right, one_plus[0], *between)
                     return True
+                if inner_mul is None and isinstance(left, fx.Node):
+                    scaled = _number_operand(left, MUL_TARGETS, "mul")
+                    if scaled is not None and scaled[0] is x and scaled[1] == 0.5:
+                        _replace(node, F.gelu, (x,), {"approximate": approximate})
+                        _erase_if_dead(left, right, one_plus[0], *between)
+                        return True
     return False
 
 
@@ -507,8 +556,8 @@ RULES: list[Rule] = [
     Rule("silu_product", "x * sigmoid(x) -> silu(x)", rule_mul_sigmoid_is_silu),
     # x * F.hardsigmoid(x) (ONNX HardSigmoid + Mul) -> F.hardswish(x)
     Rule("hardswish_product", "x * hardsigmoid(x) -> hardswish(x)", rule_mul_hardsigmoid_is_hardswish),
-    # 0.5 * x * (1 + erf(x / sqrt(2))) (ONNX Erf-form GELU) -> F.gelu(x)
-    Rule("gelu_erf", "erf-form GELU -> gelu(x)", rule_erf_form_is_gelu),
+    # 0.5 * x * (1 + erf(x / sqrt(2))) (ONNX Erf-form GELU) and its tanh approximation written out -> F.gelu(x)
+    Rule("gelu_written_out", "erf- and tanh-form GELU -> gelu(x)", rule_written_out_gelu),
 ]
 
 

@@ -46,6 +46,15 @@ def half_x_erf_gelu(x: torch.Tensor) -> torch.Tensor:
     return (x * 0.5) * (torch.erf(x * (1 / math.sqrt(2.0))) + 1.0)
 
 
+def tanh_gelu(x: torch.Tensor) -> torch.Tensor:
+    """GPT-2's "new GELU", written out as many models do."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def tanh_gelu_cubed_by_products(x: torch.Tensor) -> torch.Tensor:
+    return (x * 0.5) * (1.0 + (((x * (x * x)) * 0.044715 + x) * math.sqrt(2.0 / math.pi)).tanh())
+
+
 # (written form, the activation the report must name)
 ACTIVATION_FORMS = [
     (nn.SiLU(), "silu"),
@@ -77,6 +86,8 @@ ACTIVATION_FORMS = [
     (lambda x: F.gelu(x, approximate="tanh"), "gelu_tanh"),
     (erf_gelu, "gelu"),
     (half_x_erf_gelu, "gelu"),
+    (tanh_gelu, "gelu_tanh"),
+    (tanh_gelu_cubed_by_products, "gelu_tanh"),
     (nn.Sigmoid(), "sigmoid"),
     (torch.sigmoid, "sigmoid"),
     (nn.Tanh(), "tanh"),

@@ -75,6 +75,29 @@ def _gelu_erf_form() -> tuple:
     return nodes, inits, 13, "gelu"
 
 
+def _gelu_tanh_form() -> tuple:
+    """As torch exports F.gelu(approximate="tanh") below opset 20:
+    (0.5 * x) * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x * (x * x))))."""
+    nodes = [
+        helper.make_node("Mul", ["z", "z"], ["sq"]),
+        helper.make_node("Mul", ["z", "sq"], ["cube"]),
+        helper.make_node("Mul", ["kappa", "cube"], ["kc"]),
+        helper.make_node("Add", ["z", "kc"], ["inner"]),
+        helper.make_node("Mul", ["beta", "inner"], ["scaled"]),
+        helper.make_node("Tanh", ["scaled"], ["t"]),
+        helper.make_node("Add", ["one", "t"], ["p"]),
+        helper.make_node("Mul", ["half", "z"], ["hz"]),
+        helper.make_node("Mul", ["hz", "p"], ["a"]),
+    ]
+    inits = [
+        const("kappa", np.float32(0.044715)),
+        const("beta", np.float32(math.sqrt(2 / math.pi))),
+        const("one", np.float32(1.0)),
+        const("half", np.float32(0.5)),
+    ]
+    return nodes, inits, 13, "gelu_tanh"
+
+
 def _gelu_op() -> tuple:
     return [helper.make_node("Gelu", ["z"], ["a"])], [], 20, "gelu"
 
@@ -92,6 +115,7 @@ ACTIVATIONS: dict[str, ActivationForm] = {
     "sigmoid": _sigmoid,
     "tanh": _tanh,
     "gelu_erf": _gelu_erf_form,
+    "gelu_tanh_form": _gelu_tanh_form,
     "gelu_op": _gelu_op,
     "gelu_op_tanh": _gelu_op_tanh,
 }
@@ -187,7 +211,7 @@ def test_conv_chain(act: str, bn: bool, tmp_path: Path) -> None:
     optimize_and_check(conv_chain(act, bn, None), tmp_path, "conv_bn_act" if bn else "conv_act", name, False)
 
 
-@pytest.mark.parametrize("act", ["relu", "silu", "hardswish", "clip06", "gelu_erf"])
+@pytest.mark.parametrize("act", ["relu", "silu", "hardswish", "clip06", "gelu_erf", "gelu_tanh_form"])
 def test_conv_bn_act_residual_after(act: str, tmp_path: Path) -> None:
     name = ACTIVATIONS[act]()[3]
     optimize_and_check(conv_chain(act, True, "after"), tmp_path, "conv_bn_act", name, True)

@@ -110,3 +110,21 @@ def test_optimized_fuses_every_chain_and_exports(exported: Exported, tmp_path: P
     assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param
     (got,) = run_ort(str(path), {"input_0": x.numpy()})
     assert_like_onnxruntime(torch.from_numpy(np.asarray(got)), exported.bn_kept, x, exported.name, "exported")
+
+
+def test_bert_below_opset_20_fuses_its_written_out_tanh_gelu(tmp_path: Path) -> None:
+    """Below opset 20 torch writes GELU(approximate="tanh") out as Mul/Add/Tanh nodes; both feed-forward
+    chains must still fuse with a tanh-GELU epilogue and match onnxruntime."""
+    model = build("bert_tiny")
+    path = tmp_path / "bert_opset17.onnx"
+    x = example_input("bert_tiny", batch=EXPORT_BATCH, size=16)
+    axes = {"x": {0: "N"}}
+    torch.onnx.export(model, (x,), path, input_names=["x"], dynamic_axes=axes, opset_version=17, dynamo=False)
+    assert "Tanh" in {n.op_type for n in onnx.load(str(path)).graph.node}
+    optimized = fuser.optimize(path, backend="torch")
+    report = optimized.fusion_report
+    assert len(report.fused) == model.expected_fusions, str(report)
+    assert sum(e.activation == "gelu_tanh" for e in report.fused) == 2, str(report)
+    x_run = example_input("bert_tiny", batch=RUN_BATCH, size=16, seed=1)
+    with torch.no_grad():
+        assert_like_onnxruntime(optimized(x_run), path, x_run, "bert_tiny", "bert opset 17, optimized")
