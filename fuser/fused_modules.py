@@ -80,7 +80,7 @@ class _FusedBase(nn.Module):
         if type(x) is not torch.Tensor or torch.compiler.is_compiling() or torch.jit.is_tracing():
             return None
         if torch.is_grad_enabled() and x.requires_grad:
-            return None  # the custom op refuses autograd loudly; a direct call would drop the gradient silently
+            return None  # the custom op has no autograd formula and says so; a direct call would drop it silently
         if residual is not None and type(residual) is not torch.Tensor:
             return None
         buffers = self._buffers  # not self.weight: nn.Module.__getattr__ costs microseconds per access
