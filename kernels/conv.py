@@ -45,6 +45,7 @@ from .launch import (
     launch,
     launch_options,
     make_descriptor,
+    tensor_meta,
 )
 from .packing import PackedConvWeight
 from .precision import dot_acc
@@ -240,11 +241,6 @@ def conv_candidates(
 # Under the interpreter every op costs Python overhead per program: large M tiles, few programs.
 INTERPRET_CONFIG = TileConfig(128, 32, 32, 2, 4, 1)
 INTERPRET_CONFIG_NARROW = TileConfig(128, 32, 16, 2, 4, 1)
-
-
-def tensor_meta(t: torch.Tensor | None) -> tuple[Any, ...] | None:
-    """What a launch plan depends on in an input tensor (not its values)."""
-    return None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
 
 
 # Launch plans by call signature (see gemm.py): checks, dispatch, tile choice once; then allocate and launch.

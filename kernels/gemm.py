@@ -31,6 +31,7 @@ from .launch import (
     launch,
     launch_options,
     make_descriptor,
+    tensor_meta,
 )
 from .packing import PackedGemmWeight
 from .precision import Precision, dot_acc
@@ -251,11 +252,6 @@ def prepare_gemm(
             lambda c: autotune.do_bench_ms(lambda: runner(c)(a3, w, bias32, res3, out2)),
         )
     return runner(config)
-
-
-def tensor_meta(t: torch.Tensor | None) -> tuple[Any, ...] | None:
-    """What a launch plan depends on in an input tensor (not its values)."""
-    return None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
 
 
 # Launch plans by call signature: the checks, the path and tile choice and the launch options are

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from triton import knobs
+from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
 from .autotune import TileConfig
@@ -152,6 +154,11 @@ def make_descriptor(t: torch.Tensor, block_shape: Sequence[int]) -> Any:
     return desc
 
 
+def tensor_meta(t: torch.Tensor | None) -> tuple[Any, ...] | None:
+    """What a launch plan depends on in an input tensor (not its values)."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+
+
 def check_path(op: str, path: str) -> None:
     if path not in ("auto", "descriptor", "pointer"):
         raise ValueError(f"{op}: path must be 'auto', 'descriptor' or 'pointer', got {path!r}")
@@ -181,9 +188,6 @@ class LaunchOptions:
     def launch(self, kernel: JITFunction, grid: tuple[int, ...], args: Sequence[Any]) -> Any:
         compiled = self._compiled
         if compiled is not None and DIRECT_LAUNCH:
-            from triton import knobs
-            from triton.runtime.driver import driver
-
             device = driver.active.get_current_device()
             if device == self._device:
                 stream = driver.active.get_current_stream(device)
@@ -209,8 +213,6 @@ class LaunchOptions:
     def _remember(self, kernel: JITFunction, compiled: Any, positional: int) -> None:
         """Keep ``compiled`` for direct launches when every parameter after the positional arguments is a
         constexpr this plan passes (or that has a default); otherwise keep using ``JITFunction.run``."""
-        from triton.runtime.driver import driver
-
         tail = []
         for param in kernel.params[positional:]:
             if param.name in self.kwargs:
