@@ -174,10 +174,22 @@ def conv_output_memory_format(x: torch.Tensor, backend: str) -> torch.memory_for
 Call = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
-def _measured(key: tuple, kernel: Call, library: Call, x: torch.Tensor, residual: torch.Tensor | None) -> Call:
-    """Under backend "measured": whichever of ``kernel`` and ``library`` path_choice finds faster for ``key``."""
-    chosen = path_choice.choose(key, lambda: kernel(x, residual), lambda: library(x, residual))
-    return library if chosen == path_choice.LIBRARY else kernel
+def _pick(
+    backend: str,
+    kernel: Call | None,
+    library: Call,
+    signature: Callable[[], tuple],
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+) -> Call:
+    """The call a resolved ``backend`` runs: the library where no kernel covers the call, under "measured"
+    whichever of the two path_choice finds faster for ``signature()``, otherwise the kernel."""
+    if kernel is None:
+        return library
+    if backend == "measured":
+        chosen = path_choice.choose(signature(), lambda: kernel(x, residual), lambda: library(x, residual))
+        return library if chosen == path_choice.LIBRARY else kernel
+    return kernel
 
 
 def conv2d_call(
@@ -224,17 +236,8 @@ def conv2d_call(
         precision,
         interpret=chosen == "interpret",
     )
-    if kernel is None:
-        return library
-    if chosen == "measured":
-        key = path_choice.signature(
-            x,
-            weight,
-            residual,
-            extra=("conv2d", *stride, *padding, *dilation, groups, epilogue, precision.value),
-        )
-        return _measured(key, kernel, library, x, residual)
-    return kernel
+    extra = ("conv2d", *stride, *padding, *dilation, groups, epilogue, precision.value)
+    return _pick(chosen, kernel, library, lambda: path_choice.signature(x, weight, residual, extra=extra), x, residual)
 
 
 def gemm_call(
@@ -262,12 +265,8 @@ def gemm_call(
     kernel = kernel_dispatch.gemm(
         a, weight, bias, residual, packed_weight, epilogue, precision, interpret=chosen == "interpret"
     )
-    if kernel is None:
-        return library
-    if chosen == "measured":
-        key = path_choice.signature(a, weight, residual, extra=("gemm", epilogue, precision.value))
-        return _measured(key, kernel, library, a, residual)
-    return kernel
+    extra = ("gemm", epilogue, precision.value)
+    return _pick(chosen, kernel, library, lambda: path_choice.signature(a, weight, residual, extra=extra), a, residual)
 
 
 # ---------------------------------------------------------------------------------------------------------
