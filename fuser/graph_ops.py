@@ -15,7 +15,6 @@ arguments by name, whichever way the call was written (positional or keyword).
 
 from __future__ import annotations
 
-import math
 import operator
 from dataclasses import dataclass
 from typing import Any
@@ -25,20 +24,11 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-from fuser.kernels.epilogue import Activation
+from fuser.activations import ACTIVATIONS, Activation
+from fuser.tree_patterns import is_number
 
-# The canonical call of each activation (what canonicalization writes).
-CANONICAL_ACTIVATION: dict[Activation, Any] = {
-    Activation.RELU: torch.relu,
-    Activation.RELU6: F.relu6,
-    Activation.LEAKY_RELU: F.leaky_relu,
-    Activation.SILU: F.silu,
-    Activation.HARDSWISH: F.hardswish,
-    Activation.GELU: F.gelu,
-    Activation.GELU_TANH: F.gelu,
-    Activation.SIGMOID: torch.sigmoid,
-    Activation.TANH: torch.tanh,
-}
+# The canonical call of each activation (what canonicalization writes), from the table of fuser.activations.
+CANONICAL_ACTIVATION: dict[Activation, Any] = {row.act: row.call for row in ACTIVATIONS if row.act != Activation.NONE}
 
 ADD_TARGETS = {operator.add, torch.add}
 MUL_TARGETS = {operator.mul, torch.mul}
@@ -46,21 +36,17 @@ DIV_TARGETS = {operator.truediv, torch.div}
 
 # Activation-like ops that no epilogue implements: a chain that ends in one says so in the report.
 UNSUPPORTED_ACTIVATIONS: dict[Any, str] = {
-    F.mish: "mish",
     F.elu: "elu",
     F.selu: "selu",
     F.celu: "celu",
     F.softplus: "softplus",
-    F.hardsigmoid: "hardsigmoid",
     F.prelu: "prelu",
     F.logsigmoid: "logsigmoid",
     F.softsign: "softsign",
-    nn.Mish: "mish",
     nn.ELU: "elu",
     nn.SELU: "selu",
     nn.CELU: "celu",
     nn.Softplus: "softplus",
-    nn.Hardsigmoid: "hardsigmoid",
     nn.PReLU: "prelu",
     nn.LogSigmoid: "logsigmoid",
     nn.Softsign: "softsign",
@@ -82,10 +68,6 @@ def bind(node: fx.Node, names: tuple[str, ...], defaults: dict[str, Any]) -> dic
     return out
 
 
-def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 @dataclass(frozen=True)
 class OpInfo:
     """A classified node: its kind, its data input, and the kind-specific constants."""
@@ -99,21 +81,13 @@ class OpInfo:
 
 
 def read_activation(node: fx.Node) -> tuple[Activation, float] | None:
-    """(activation, alpha) of a canonical activation call, or None."""
+    """(activation, alpha) of a canonical activation call (exactly what canonicalization writes), or None."""
     if node.op != "call_function":
         return None
-    t = node.target
-    if t is F.gelu:
-        approximate = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
-        if approximate == "tanh":
-            return Activation.GELU_TANH, 0.0
-        return (Activation.GELU, 0.0) if approximate == "none" else None
-    if t is F.leaky_relu:
-        slope = node.kwargs.get("negative_slope", node.args[1] if len(node.args) > 1 else 0.01)
-        return (Activation.LEAKY_RELU, float(slope)) if is_number(slope) else None
-    for act, target in CANONICAL_ACTIVATION.items():
-        if t is target and act not in (Activation.GELU_TANH, Activation.LEAKY_RELU):
-            return act, 0.0
+    for row in ACTIVATIONS:
+        alpha = row.read_canonical(node)
+        if alpha is not None:
+            return row.act, alpha
     return None
 
 

@@ -1,176 +1,139 @@
-"""The fused epilogue: one description shared by the graph side and the kernels.
+"""The fused epilogue on the Triton side: the formulas of fuser.activations on a float32 tile.
 
-A GEMM or convolution accumulator ``acc`` (float32) leaves a fused kernel as
-
-    y = acc + bias
-    y = y + residual            if residual is Residual.BEFORE_ACT   (ResNet: add, then ReLU)
-    y = act(y)
-    y = y + residual            if residual is Residual.AFTER_ACT    (YOLO/MBConv: act, then add)
-    y = y * scale
-
-The graph side builds an :class:`Epilogue` from the chain it matched; the Triton kernels receive
-its fields as ``tl.constexpr`` values and run :func:`apply_activation`; the torch reference runs
-:func:`apply_epilogue_torch`. Both implement the same formulas, listed in :class:`Activation`.
+The description (:class:`Activation`, :class:`Residual`, :class:`Epilogue`) and the torch reference live in
+the triton-free modules fuser.activations and fuser.epilogue, so the graph side reads them without loading
+triton; they are re-exported here for the kernels and their callers. Each row of the activation table names
+its ``@triton.jit`` function below and the ``tl.constexpr`` (``ACT_<NAME>``) that selects it in
+:func:`apply_activation`; the tests check both for every row.
 """
 
 from __future__ import annotations
 
-import enum
-import math
-from dataclasses import dataclass
-
-import torch
 import triton
 import triton.language as tl
 
+from fuser.activations import Activation, apply_activation_torch
+from fuser.epilogue import NO_EPILOGUE, Epilogue, Residual, apply_epilogue_torch
 
-class Activation(enum.IntEnum):
-    """Activations a fused kernel applies in its epilogue (values are the kernels' constexprs)."""
+__all__ = [
+    "NO_EPILOGUE",
+    "Activation",
+    "Epilogue",
+    "Residual",
+    "apply_activation",
+    "apply_activation_torch",
+    "apply_epilogue",
+    "apply_epilogue_torch",
+]
 
-    NONE = 0
-    RELU = 1  # max(x, 0)
-    RELU6 = 2  # min(max(x, 0), 6)
-    LEAKY_RELU = 3  # x if x >= 0 else alpha * x
-    SILU = 4  # x * sigmoid(x)
-    HARDSWISH = 5  # x * relu6(x + 3) / 6
-    GELU = 6  # 0.5 * x * (1 + erf(x / sqrt(2)))
-    GELU_TANH = 7  # 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))
-    SIGMOID = 8  # 1 / (1 + exp(-x))
-    TANH = 9  # tanh(x)
-
-
-class Residual(enum.IntEnum):
-    """Where a residual tensor is added, relative to the activation."""
-
-    NONE = 0
-    BEFORE_ACT = 1
-    AFTER_ACT = 2
-
-
-@dataclass(frozen=True)
-class Epilogue:
-    """What happens to the accumulator before the single store.
-
-    ``alpha`` is the negative slope of LEAKY_RELU (ignored otherwise); ``scale`` multiplies the
-    final value (1.0 means no scale).
-    """
-
-    act: Activation = Activation.NONE
-    alpha: float = 0.0
-    residual: Residual = Residual.NONE
-    scale: float = 1.0
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "act", Activation(self.act))
-        object.__setattr__(self, "residual", Residual(self.residual))
-        if not math.isfinite(self.alpha) or not math.isfinite(self.scale):
-            raise ValueError(f"epilogue alpha and scale not finite: alpha={self.alpha}, scale={self.scale}")
-
-    def describe(self) -> str:
-        """A short human-readable form, e.g. ``'bias -> silu -> +residual'``."""
-        steps = ["bias"]
-        act = self.act.name.lower() if self.act != Activation.NONE else None
-        if act == "leaky_relu":
-            act = f"leaky_relu({self.alpha:g})"
-        if self.residual == Residual.BEFORE_ACT:
-            steps.append("+residual")
-        if act:
-            steps.append(act)
-        if self.residual == Residual.AFTER_ACT:
-            steps.append("+residual")
-        if self.scale != 1.0:
-            steps.append(f"*{self.scale:g}")
-        return " -> ".join(steps)
-
-
-NO_EPILOGUE = Epilogue()  # bias only: the default of the launchers
-
-
-def apply_activation_torch(y: torch.Tensor, act: Activation, alpha: float = 0.0) -> torch.Tensor:
-    """The torch reference of :class:`Activation` (out of place)."""
-    act = Activation(act)
-    if act == Activation.NONE:
-        return y
-    if act == Activation.RELU:
-        return torch.relu(y)
-    if act == Activation.RELU6:
-        return torch.nn.functional.relu6(y)
-    if act == Activation.LEAKY_RELU:
-        return torch.nn.functional.leaky_relu(y, alpha)
-    if act == Activation.SILU:
-        return torch.nn.functional.silu(y)
-    if act == Activation.HARDSWISH:
-        return torch.nn.functional.hardswish(y)
-    if act == Activation.GELU:
-        return torch.nn.functional.gelu(y)
-    if act == Activation.GELU_TANH:
-        return torch.nn.functional.gelu(y, approximate="tanh")
-    if act == Activation.SIGMOID:
-        return torch.sigmoid(y)
-    if act == Activation.TANH:
-        return torch.tanh(y)
-    raise ValueError(f"unknown activation {act!r}")
-
-
-def apply_epilogue_torch(
-    acc: torch.Tensor,
-    bias: torch.Tensor | None,
-    epilogue: Epilogue,
-    residual: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The torch reference of the whole epilogue; ``bias`` broadcasts over ``acc``'s channel dim.
-
-    The caller shapes ``bias`` to broadcast (``[C, 1, 1]`` for NCHW, ``[N]`` for a GEMM).
-    """
-    if (residual is None) != (epilogue.residual == Residual.NONE):
-        raise ValueError(f"epilogue {epilogue.describe()!r} and residual={residual is not None} disagree")
-    y = acc if bias is None else acc + bias
-    if epilogue.residual == Residual.BEFORE_ACT:
-        y = y + residual
-    y = apply_activation_torch(y, epilogue.act, epilogue.alpha)
-    if epilogue.residual == Residual.AFTER_ACT:
-        y = y + residual
-    if epilogue.scale != 1.0:
-        y = y * epilogue.scale
-    return y
-
-
-# ---------------------------------------------------------------------------------------------
-# Triton side: the same formulas, on a float32 tile.
+ACT_NONE = tl.constexpr(int(Activation.NONE))
+ACT_RELU = tl.constexpr(int(Activation.RELU))
+ACT_RELU6 = tl.constexpr(int(Activation.RELU6))
+ACT_LEAKY_RELU = tl.constexpr(int(Activation.LEAKY_RELU))
+ACT_SILU = tl.constexpr(int(Activation.SILU))
+ACT_HARDSWISH = tl.constexpr(int(Activation.HARDSWISH))
+ACT_GELU = tl.constexpr(int(Activation.GELU))
+ACT_GELU_TANH = tl.constexpr(int(Activation.GELU_TANH))
+ACT_SIGMOID = tl.constexpr(int(Activation.SIGMOID))
+ACT_TANH = tl.constexpr(int(Activation.TANH))
+ACT_HARDSIGMOID = tl.constexpr(int(Activation.HARDSIGMOID))
+ACT_MISH = tl.constexpr(int(Activation.MISH))
 
 
 @triton.jit
-def _sigmoid(x):
+def _sigmoid(x, alpha):
     return 1.0 / (1.0 + tl.exp(-x))
 
 
 @triton.jit
-def _tanh(x):
+def _tanh(x, alpha):
     # 1 - 2 / (exp(2x) + 1): saturates to +-1 without inf/inf (triton.language has no tanh builtin).
     return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
 
 
 @triton.jit
+def _identity(x, alpha):
+    return x
+
+
+@triton.jit
+def _relu(x, alpha):
+    return tl.maximum(x, 0.0)
+
+
+@triton.jit
+def _relu6(x, alpha):
+    return tl.minimum(tl.maximum(x, 0.0), 6.0)
+
+
+@triton.jit
+def _leaky_relu(x, alpha):
+    return tl.where(x >= 0.0, x, x * alpha)
+
+
+@triton.jit
+def _silu(x, alpha):
+    return x * _sigmoid(x, alpha)
+
+
+@triton.jit
+def _hardsigmoid(x, alpha):
+    return tl.minimum(tl.maximum(x + 3.0, 0.0), 6.0) * (1.0 / 6.0)
+
+
+@triton.jit
+def _hardswish(x, alpha):
+    return x * _hardsigmoid(x, alpha)
+
+
+@triton.jit
+def _gelu(x, alpha):
+    return 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
+
+
+@triton.jit
+def _gelu_tanh(x, alpha):
+    return 0.5 * x * (1.0 + _tanh(0.7978845608028654 * (x + 0.044715 * x * x * x), alpha))
+
+
+@triton.jit
+def _mish(x, alpha):
+    # tanh(softplus(x)) = n / (n + 2) with n = e^x (e^x + 2): no log, accurate for very negative x (where
+    # log(1 + e^x) rounds to 0), and x itself past 20, where torch's softplus returns x and tanh is 1.
+    e = tl.exp(tl.minimum(x, 20.0))
+    n = e * (e + 2.0)
+    return tl.where(x > 20.0, x, x * (n / (n + 2.0)))
+
+
+@triton.jit
 def apply_activation(x, alpha, ACT: tl.constexpr):
     """Apply :class:`Activation` ``ACT`` to a float32 tile ``x``; ``alpha`` is LEAKY_RELU's slope."""
-    if ACT == 1:
-        x = tl.maximum(x, 0.0)
-    elif ACT == 2:
-        x = tl.minimum(tl.maximum(x, 0.0), 6.0)
-    elif ACT == 3:
-        x = tl.where(x >= 0.0, x, x * alpha)
-    elif ACT == 4:
-        x = x * _sigmoid(x)
-    elif ACT == 5:
-        x = x * tl.minimum(tl.maximum(x + 3.0, 0.0), 6.0) * (1.0 / 6.0)
-    elif ACT == 6:
-        x = 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
-    elif ACT == 7:
-        x = 0.5 * x * (1.0 + _tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
-    elif ACT == 8:
-        x = _sigmoid(x)
-    elif ACT == 9:
-        x = _tanh(x)
+    if ACT == ACT_NONE:
+        x = _identity(x, alpha)
+    elif ACT == ACT_RELU:
+        x = _relu(x, alpha)
+    elif ACT == ACT_RELU6:
+        x = _relu6(x, alpha)
+    elif ACT == ACT_LEAKY_RELU:
+        x = _leaky_relu(x, alpha)
+    elif ACT == ACT_SILU:
+        x = _silu(x, alpha)
+    elif ACT == ACT_HARDSWISH:
+        x = _hardswish(x, alpha)
+    elif ACT == ACT_GELU:
+        x = _gelu(x, alpha)
+    elif ACT == ACT_GELU_TANH:
+        x = _gelu_tanh(x, alpha)
+    elif ACT == ACT_SIGMOID:
+        x = _sigmoid(x, alpha)
+    elif ACT == ACT_TANH:
+        x = _tanh(x, alpha)
+    elif ACT == ACT_HARDSIGMOID:
+        x = _hardsigmoid(x, alpha)
+    elif ACT == ACT_MISH:
+        x = _mish(x, alpha)
+    else:
+        tl.static_assert(False, "apply_activation: ACT is no Activation of fuser.activations")
     return x
 
 

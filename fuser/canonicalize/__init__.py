@@ -1,0 +1,38 @@
+"""Canonicalization: one form for each thing before matching (see fuser.graph_ops for the forms).
+
+The rules come in families, one module each, and one driver (fuser.canonicalize.driver) applies them:
+
+    layers            nn.Conv2d / eval nn.BatchNorm2d / nn.Linear -> F.conv2d / F.batch_norm / F.linear
+    gemm_forms        matmul by a constant, addmm, linear + constant bias -> F.linear
+    activation_calls  one-call activation forms (modules, functions, methods, in place) -> canonical call
+    activation_forms  written-out activations (x * sigmoid(x), the erf GELU, ...) as tree patterns
+
+Every rewrite keeps the function the graph computes; forms that cannot be rewritten safely (an in-place
+activation whose input may alias another tensor, a BatchNorm in training mode) are left as they are, and the
+matcher's guards report them.
+"""
+
+from __future__ import annotations
+
+import torch.fx as fx
+
+from fuser.canonicalize import activation_calls, activation_forms, gemm_forms, layers
+from fuser.canonicalize.driver import Context, Rule, run_rules
+
+# Ordered: layer modules first (so activation rules see fresh producers), then GEMM forms, single-call
+# activations, and the written-out forms built on the canonical single calls.
+RULES: list[Rule] = [
+    *layers.RULES,
+    *gemm_forms.RULES,
+    *activation_calls.RULES,
+    *activation_forms.RULES,
+]
+
+
+def canonicalize(gm: fx.GraphModule, rules: list[Rule] | None = None) -> dict[str, int]:
+    """Rewrite ``gm`` in place to canonical forms; returns {rule name: times fired}, in the order they first
+    fired (empty when nothing changed). The graph is linted and recompiled when anything did."""
+    return run_rules(gm, RULES if rules is None else rules)
+
+
+__all__ = ["RULES", "Context", "Rule", "canonicalize"]
