@@ -471,16 +471,24 @@ def module_activation(module: nn.Module) -> tuple[Activation, float] | None:
     return None
 
 
-def activation_module_types() -> tuple[type[nn.Module], ...]:
-    """Every module class that may be a fused activation (some only for some settings: nn.Hardtanh(0, 6))."""
-    return tuple(dict.fromkeys(t for row in ACTIVATIONS for t in row.modules))
+def _call_forms() -> dict[tuple[str, Any], list[tuple[Activation, CallReader]]]:
+    forms: dict[tuple[str, Any], list[tuple[Activation, CallReader]]] = {}
+    for row in ACTIVATIONS:
+        for kind, readers in (("call_function", row.functions), ("call_method", row.methods)):
+            for target, reader in readers.items():
+                forms.setdefault((kind, target), []).append((row.act, reader))
+    return forms
 
 
-def activation_functions() -> frozenset:
-    """Every function target of a one-call activation form."""
-    return frozenset(t for row in ACTIVATIONS for t in row.functions)
+# (fx op, target) of every one-call form -> the rows that may read it (F.gelu serves two rows).
+_CALL_FORMS = _call_forms()
 
 
-def activation_methods() -> frozenset:
-    """Every Tensor method name of a one-call activation form."""
-    return frozenset(m for row in ACTIVATIONS for m in row.methods)
+def read_call_form(op: str, target: Any, args: tuple, kwargs: dict) -> tuple[Activation, float, bool] | None:
+    """(activation, alpha, in_place) of a one-call activation form (fx ``op`` "call_function" or
+    "call_method", its target and arguments), or None when the call is not one (``clamp(x, 0, 5)``)."""
+    for act, reader in _CALL_FORMS.get((op, target), []):
+        found = reader(tuple(args), dict(kwargs))
+        if found is not None:
+            return act, found[0], found[1]
+    return None

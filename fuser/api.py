@@ -190,7 +190,7 @@ def _run_pipeline(
     root = working
     for graph in captured.graphs:
         try:
-            canonicalize(graph.gm)
+            fired = canonicalize(graph.gm)
             result = find_chains(graph.gm, graph.path)
             entries = [ChainReport.from_chain(c, True, kernel=_kernel_for(c, graph.gm)) for c in result.accepted]
             entries += [ChainReport.from_chain(r.chain, False, reason=r.reason) for r in result.rejected]
@@ -200,6 +200,7 @@ def _run_pipeline(
             report.untraced.append(UntracedModule(graph.path or "(model)", type(graph.module).__name__, reason))
             continue
         report.entries += entries
+        report.add_rules_fired(fired)
         if rewritten:
             root = install(captured, graph, graph.gm)
     return root, report

@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 
 import torch.fx as fx
 
+from fuser.activations import Activation
+from fuser.epilogue import Epilogue, Residual
 from fuser.graph_ops import OpInfo
-from fuser.kernels.epilogue import Activation, Epilogue, Residual
 from fuser.patterns import ChainPattern
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from fuser.activations import Activation
 from fuser.capture import UntracedModule
 from fuser.chain import Chain
-from fuser.kernels.epilogue import Activation, Epilogue, Residual
+from fuser.epilogue import Epilogue, Residual
 
 
 @dataclass
@@ -94,6 +95,12 @@ class FusionReport:
     untraced: list[UntracedModule] = field(default_factory=list)
     precision: str = "tf32"
     backend: str = "auto"
+    # canonicalization rules that fired, summed over the traced graphs: {rule name: count} (fuser.canonicalize)
+    rules_fired: dict[str, int] = field(default_factory=dict)
+
+    def add_rules_fired(self, fired: dict[str, int]) -> None:
+        for name, count in fired.items():
+            self.rules_fired[name] = self.rules_fired.get(name, 0) + count
 
     @property
     def fused(self) -> list[ChainReport]:
@@ -122,6 +129,7 @@ class FusionReport:
             "fused": [entry(e) for e in self.fused],
             "rejected": [entry(e) for e in self.rejected],
             "untraced": [asdict(u) for u in self.untraced],
+            "rules_fired": dict(self.rules_fired),
         }
 
     def __str__(self) -> str:
@@ -142,6 +150,9 @@ class FusionReport:
         if self.rejected:
             rows = [[str(i), " -> ".join(e.ops), e.location, e.reason or ""] for i, e in enumerate(self.rejected, 1)]
             lines += ["", "Not fused:", *_table(["#", "ops", "modules", "reason"], rows)]
+        if self.rules_fired:
+            fired = ", ".join(f"{name} x{count}" for name, count in self.rules_fired.items())
+            lines += ["", f"Rewritten to canonical forms: {fired}"]
         if self.untraced:
             lines += ["", "Not traced as a whole (their traceable parts were fused):"]
             lines += [f"  {u.path} ({u.type_name}): {u.reason}" for u in self.untraced]

@@ -7,6 +7,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from fuser.activations import module_activation
+
 
 @torch.no_grad()
 def randomize_batchnorm(module: nn.Module, generator: torch.Generator | None = None) -> nn.Module:
@@ -96,19 +98,10 @@ def calibrate_batchnorm(module: nn.Module, calibration_input: torch.Tensor) -> n
     return module
 
 
-# Activation modules that may end a fusable chain (the issue's list: silu, relu, relu6, leaky_relu,
-# hardswish, gelu, sigmoid, tanh; Hardtanh covers relu6 written as hardtanh(0, 6)).
-ACTIVATION_MODULES: tuple[type[nn.Module], ...] = (
-    nn.SiLU,
-    nn.ReLU,
-    nn.ReLU6,
-    nn.LeakyReLU,
-    nn.Hardswish,
-    nn.Hardtanh,
-    nn.GELU,
-    nn.Sigmoid,
-    nn.Tanh,
-)
+def is_activation_module(module: nn.Module | None) -> bool:
+    """True when ``module`` may end a fusable chain: an activation of fuser.activations' table, with settings
+    the table's reader accepts (nn.Hardtanh only as (0, 6))."""
+    return module_activation(module) is not None
 
 
 def fusable_chain_heads(module: nn.Module, prefix: str = "") -> list[str]:
@@ -145,8 +138,8 @@ def _sequential_chain_heads(seq: nn.Sequential) -> list[str]:
     heads: list[str] = []
     for (name, child), (_, after) in zip(items, [*items[1:], ("", None)], strict=True):
         is_conv_bn = isinstance(child, nn.Conv2d) and isinstance(after, nn.modules.batchnorm._BatchNorm)
-        is_conv_act = isinstance(child, nn.Conv2d) and child.bias is not None and isinstance(after, ACTIVATION_MODULES)
-        is_linear_act = isinstance(child, nn.Linear) and isinstance(after, ACTIVATION_MODULES)
+        is_conv_act = isinstance(child, nn.Conv2d) and child.bias is not None and is_activation_module(after)
+        is_linear_act = isinstance(child, nn.Linear) and is_activation_module(after)
         if is_conv_bn or is_conv_act or is_linear_act:
             heads.append(name)
         else:

@@ -8,26 +8,10 @@ import operator
 
 import torch.fx as fx
 
-from fuser.activations import ACTIVATIONS, Activation, module_activation, spec
+from fuser.activations import module_activation, read_call_form, spec
 from fuser.canonicalize.driver import Context, Rule, make_out_of_place, replace
 from fuser.graph_ops import read_activation
 from fuser.tree_patterns import is_number
-
-# (op, target) of every one-call form -> the rows that may read it (gelu's two rows share F.gelu).
-_CALL_FORMS: dict[tuple[str, object], list] = {}
-for _row in ACTIVATIONS:
-    for _kind, _forms in (("call_function", _row.functions), ("call_method", _row.methods)):
-        for _target, _reader in _forms.items():
-            _CALL_FORMS.setdefault((_kind, _target), []).append((_row.act, _reader))
-
-
-def read_call(node: fx.Node) -> tuple[Activation, float, bool] | None:
-    """(activation, alpha, in_place) of a one-call activation written as a function or method, or None."""
-    for act, reader in _CALL_FORMS.get((node.op, node.target), []):
-        found = reader(tuple(node.args), dict(node.kwargs))
-        if found is not None:
-            return act, found[0], found[1]
-    return None
 
 
 def rule_activation_one_call(node: fx.Node, ctx: Context) -> bool:
@@ -41,7 +25,7 @@ def rule_activation_one_call(node: fx.Node, ctx: Context) -> bool:
     elif node.op in ("call_function", "call_method"):
         if read_activation(node) is not None:
             return False  # already canonical
-        found3 = read_call(node)
+        found3 = read_call_form(node.op, node.target, node.args, node.kwargs)
         if found3 is None:
             return False
         act, alpha, inplace = found3

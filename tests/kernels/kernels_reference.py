@@ -7,20 +7,23 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fuser.kernels import Activation, Epilogue, Residual
+from fuser.activations import ACTIVATIONS
+from fuser.kernels import Epilogue, Residual
 from fuser.kernels.epilogue import apply_epilogue_torch
 
-# Every activation, each with the residual placement and scale it is tested with: each axis is
-# covered (all 10 activations, residual none / before / after, scale on and off) without the
-# full cross product.
+# Every row of the activation table, each with a residual placement and a scale: each axis is covered (every
+# activation, residual none / before / after, scale on and off) without the full cross product. Derived from
+# the table, so a new row is in every kernel epilogue test (tests/kernels/test_kernels_activations.py checks).
+_RESIDUALS = (Residual.NONE, Residual.BEFORE_ACT, Residual.AFTER_ACT)
+_SCALES = (1.0, 1.0, 0.5, 1.0, 1.7)
 EPILOGUES = [
-    Epilogue(act, alpha=0.1 if act == Activation.LEAKY_RELU else 0.0, residual=residual, scale=scale)
-    for act, residual, scale in zip(
-        list(Activation),
-        [Residual.NONE, Residual.BEFORE_ACT, Residual.AFTER_ACT] * 4,
-        [1.0, 1.0, 0.5, 1.0, 1.7] * 2,
-        strict=False,
+    Epilogue(
+        row.act,
+        alpha=0.1 if row.alpha_arg else 0.0,
+        residual=_RESIDUALS[i % len(_RESIDUALS)],
+        scale=_SCALES[i % len(_SCALES)],
     )
+    for i, row in enumerate(ACTIVATIONS)
 ]
 
 

@@ -16,33 +16,10 @@ from __future__ import annotations
 import operator
 
 import torch
-import torch.nn.functional as F
 from torch import fx, nn
 
-ACTIVATION_MODULE_TYPES = (
-    nn.SiLU,
-    nn.ReLU,
-    nn.ReLU6,
-    nn.LeakyReLU,
-    nn.Hardswish,
-    nn.Hardtanh,
-    nn.GELU,
-    nn.Sigmoid,
-    nn.Tanh,
-)
-ACTIVATION_FUNCTIONS = {
-    F.silu,
-    F.relu,
-    F.relu6,
-    F.leaky_relu,
-    F.hardswish,
-    F.hardtanh,
-    F.gelu,
-    torch.sigmoid,
-    torch.tanh,
-    torch.relu,
-}
-ACTIVATION_METHODS = {"sigmoid", "tanh", "relu"}
+from fuser.activations import module_activation, read_call_form
+
 ADDS = {operator.add, operator.iadd, torch.add}
 
 
@@ -61,11 +38,12 @@ def traced_units(module: nn.Module, path: str = "") -> tuple[list[tuple[str, fx.
 
 
 def _is_activation(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
+    """An activation of fuser.activations' table, read by the table's readers of its one-call forms."""
     if node.op == "call_module":
-        return isinstance(modules[node.target], ACTIVATION_MODULE_TYPES)
-    if node.op == "call_function":
-        return node.target in ACTIVATION_FUNCTIONS
-    return node.op == "call_method" and node.target in ACTIVATION_METHODS
+        return module_activation(modules[node.target]) is not None
+    if node.op in ("call_function", "call_method"):
+        return read_call_form(node.op, node.target, node.args, node.kwargs) is not None
+    return False
 
 
 def _is_written_out_silu(node: fx.Node) -> bool:
