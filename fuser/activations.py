@@ -302,8 +302,7 @@ _ROWS: tuple[ActivationSpec, ...] = (
         functions={
             F.relu: flag("inplace"),
             torch.relu: flag(),
-            torch.relu_: flag(in_place=True),
-            F.relu_: flag(in_place=True),
+            torch.relu_: flag(in_place=True),  # also F.relu_ (the same function)
         },
         methods={"relu": flag(), "relu_": flag(in_place=True)},
         onnx_in=(OnnxForm("Relu", 6),),
@@ -400,7 +399,7 @@ _ROWS: tuple[ActivationSpec, ...] = (
         call=torch.sigmoid,
         triton="_sigmoid",
         modules={nn.Sigmoid: always()},
-        functions={torch.sigmoid: flag(), F.sigmoid: flag(), torch.sigmoid_: flag(in_place=True)},
+        functions={torch.sigmoid: flag(), torch.sigmoid_: flag(in_place=True)},  # F.sigmoid traces as x.sigmoid()
         methods={"sigmoid": flag(), "sigmoid_": flag(in_place=True)},
         onnx_in=(OnnxForm("Sigmoid", 6),),
         onnx_out={1: ("Sigmoid",)},
@@ -412,7 +411,7 @@ _ROWS: tuple[ActivationSpec, ...] = (
         call=torch.tanh,
         triton="_tanh",
         modules={nn.Tanh: always()},
-        functions={torch.tanh: flag(), F.tanh: flag(), torch.tanh_: flag(in_place=True)},
+        functions={torch.tanh: flag(), torch.tanh_: flag(in_place=True)},  # F.tanh traces as x.tanh()
         methods={"tanh": flag(), "tanh_": flag(in_place=True)},
         onnx_in=(OnnxForm("Tanh", 6),),
         onnx_out={1: ("Tanh",)},
