@@ -192,6 +192,12 @@ def _search_all(patterns: tuple, values: tuple, found: Match) -> Iterator[Match]
         yield from _search_all(patterns[1:], values[1:], first)
 
 
+def matches(pattern: Pattern, node: fx.Node) -> Iterator[Match]:
+    """Every match of ``pattern`` rooted at ``node`` (operand orders and alternatives in declaration order), for
+    a rule whose own checks may reject one match and accept another."""
+    return _search(pattern, node, Match())
+
+
 def match(pattern: Pattern, node: fx.Node) -> Match | None:
     """The first match of ``pattern`` rooted at ``node``, or None."""
-    return next(_search(pattern, node, Match()), None)
+    return next(matches(pattern, node), None)

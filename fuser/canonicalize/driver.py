@@ -105,7 +105,10 @@ def pattern_rule(
             return False
         target, args, kwargs = build(found)
         replace(node, target, args, kwargs)
-        erase_if_dead(*found.nodes[1:])
+        pending = list(dict.fromkeys(found.nodes[1:]))
+        while dead := [n for n in pending if not n.users]:
+            erase_if_dead(*dead)
+            pending = [n for n in pending if n not in dead]
         return True
 
     return Rule(name, description, apply)

@@ -10,7 +10,8 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from fuser.canonicalize.driver import Context, Rule, erase_if_dead, get_attr, replace
-from fuser.graph_ops import ADD_TARGETS, bind, constant_tensor
+from fuser.graph_ops import bind, constant_tensor
+from fuser.tree_patterns import OpFamily, Var, add, matches, op
 
 
 def _register_constant(ctx: Context, base: str, value: torch.Tensor) -> str:
@@ -56,22 +57,22 @@ def rule_addmm_is_linear(node: fx.Node, ctx: Context) -> bool:
     return True
 
 
+def _linear_without_bias(node: fx.Node, arity: int) -> tuple | None:
+    args = bind(node, ("input", "weight", "bias"), {"bias": None})
+    return (args["input"], args["weight"]) if args["bias"] is None and "input" in args else None
+
+
+_LINEAR_NO_BIAS = OpFamily("linear", frozenset({F.linear}), arity=2, operands=_linear_without_bias)
+# add is commutative: b + linear(x, W) matches too.
+_LINEAR_PLUS_B = add(op(_LINEAR_NO_BIAS, Var("x"), Var("w")), Var("b"))
+
+
 def rule_linear_plus_constant_is_bias(node: fx.Node, ctx: Context) -> bool:
     """linear(x, W) + b (b a constant of N elements along the last dim) becomes linear(x, W, b)."""
-    if not (
-        (node.op == "call_function" and node.target in ADD_TARGETS)
-        or (node.op == "call_method" and node.target == "add")
-    ):
-        return False
-    if len(node.args) != 2 or node.kwargs:
-        return False
-    for lin, b_node in (node.args, node.args[::-1]):
-        if not (isinstance(lin, fx.Node) and lin.op == "call_function" and lin.target is F.linear):
-            continue
-        args = bind(lin, ("input", "weight", "bias"), {"bias": None})
-        bias = constant_tensor(ctx.gm, b_node)
-        weight = constant_tensor(ctx.gm, args["weight"])
-        if args["bias"] is not None or bias is None or weight is None or len(lin.users) != 1:
+    for found in matches(_LINEAR_PLUS_B, node):
+        lin, b_node = found.nodes[1], found["b"]
+        bias, weight = constant_tensor(ctx.gm, b_node), constant_tensor(ctx.gm, found["w"])
+        if bias is None or weight is None or len(lin.users) != 1:
             continue
         n = weight.shape[0]
         if bias.numel() != n or (bias.dim() > 0 and bias.shape[-1] != n) or bias.dtype != weight.dtype:
@@ -82,7 +83,7 @@ def rule_linear_plus_constant_is_bias(node: fx.Node, ctx: Context) -> bool:
             if lin.meta.get("tensor_meta") is None or len(lin.meta["tensor_meta"].shape) < bias.dim():
                 continue
             target = _register_constant(ctx, f"{target}_flat", bias.detach().reshape(n).clone())
-        lin.args = (args["input"], args["weight"], get_attr(ctx, lin, target))
+        lin.args = (found["x"], found["w"], get_attr(ctx, lin, target))
         lin.kwargs = {}
         node.replace_all_uses_with(lin)
         ctx.gm.graph.erase_node(node)
