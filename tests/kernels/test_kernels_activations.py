@@ -68,6 +68,18 @@ def test_interpreted_activation_matches_float64(row) -> None:
     torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-6, msg=row.name)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("row", ROWS)
+def test_compiled_activation_matches_float64(row) -> None:
+    """The same on a GPU: the named constexprs and the dispatch compile (triton 3.6 and newer)."""
+    x = _inputs().cuda()
+    alpha = 0.13 if row.alpha_arg else 0.0
+    y = torch.empty_like(x)
+    _activation_kernel[(triton.cdiv(x.numel(), 256),)](x, y, x.numel(), alpha, ACT=int(row.act), BLOCK=256)
+    ref = row.reference(x.double(), alpha)
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-6, msg=row.name)
+
+
 def test_unknown_constexpr_is_refused() -> None:
     x = _inputs()
     with pytest.raises(Exception, match="no Activation"):
