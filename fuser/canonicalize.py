@@ -31,6 +31,7 @@ from fuser.graph_ops import (
     read_activation,
 )
 from fuser.kernels.epilogue import Activation
+from fuser.passthrough import PASSTHROUGH_RULES
 
 
 @dataclass
@@ -538,6 +539,7 @@ def rule_linear_plus_constant_is_bias(node: fx.Node, ctx: Context) -> bool:
 # Ordered: layer modules first (so activation rules see fresh producers), then single-call activations,
 # then multi-call forms built on the canonical single calls.
 RULES: list[Rule] = [
+    *(Rule(*rule) for rule in PASSTHROUGH_RULES),  # ops that pass their value through vanish first
     # nn.Conv2d (zeros padding) -> F.conv2d(x, weight, bias, stride, padding, dilation, groups)
     Rule("conv_module", "nn.Conv2d -> F.conv2d with get_attr parameters", rule_conv_module),
     # nn.BatchNorm2d in eval with running stats -> F.batch_norm(x, mean, var, w, b, False, 0, eps)

@@ -66,14 +66,44 @@ class SourceTracer(fx.Tracer):
         finally:
             self._scope.pop()
 
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        # A torch.nn layer whose forward was replaced on the instance does not compute what its type says.
+        return "forward" not in m.__dict__ and super().is_leaf_module(m, module_qualified_name)
+
     def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
         node = super().create_node(*args, **kwargs)
         node.meta["source_module"] = self._scope[-1]
         return node
 
 
+class ReplacedForward(TypeError):
+    """The module's instance runs a forward that is not a method of its class: fuser cannot trace it."""
+
+
+def forward_method_name(module: nn.Module) -> str:
+    """The name of the method ``module`` runs when called: ``forward``, or the method of its class that was
+    assigned to the instance (``m.forward = m.forward_fuse``, as ultralytics' ``fuse()`` does).
+
+    torch.fx traces the class's ``forward`` of a root module; tracing that when the instance runs another
+    method would optimize a function the model does not compute. Any other instance-level forward (a lambda,
+    a method of another object) raises :class:`ReplacedForward`.
+    """
+    forward = module.__dict__.get("forward")
+    if forward is None:
+        return "forward"
+    func = getattr(forward, "__func__", None)
+    if getattr(forward, "__self__", None) is module and func is not None:
+        name = getattr(func, "__name__", "")
+        if getattr(type(module), name, None) is func:
+            return name
+    raise ReplacedForward(
+        f"its forward was replaced on the instance by {forward!r}, which is not a method of "
+        f"{type(module).__name__}, so fuser cannot tell what it computes"
+    )
+
+
 def trace(module: nn.Module, path: str = "") -> fx.GraphModule:
-    """``torch.fx.symbolic_trace`` with source-module names recorded on the nodes.
+    """``torch.fx.symbolic_trace`` of the forward the instance runs, with source-module names on the nodes.
 
     Attributes that a forward assigns while being traced (a cache of anchors, a remembered shape) would
     hold proxies afterwards; every module's attributes are put back as they were, traced or not.
@@ -81,6 +111,7 @@ def trace(module: nn.Module, path: str = "") -> fx.GraphModule:
     saved = [(m, dict(m.__dict__)) for m in module.modules()]
     try:
         tracer = SourceTracer(path)
+        tracer.traced_func_name = forward_method_name(module)
         graph = tracer.trace(module)
         for node in graph.nodes:
             if isinstance(node.type, str):
@@ -131,18 +162,24 @@ def propagate_shapes(model: nn.Module, capture: Capture, example_inputs: tuple[A
     """Run ``model`` once on ``example_inputs``, recording shapes and dtypes on every traced graph's nodes.
 
     Each traced module runs its graph through a shape recorder for its first call, so this one forward
-    pass is at once the check that the model accepts the inputs and the shape propagation. A traced graph
-    that fails where its module's own forward runs is dropped from ``capture.graphs`` (reported in
-    ``capture.untraced``): torch.fx traced something that is not the module's function. An exception that
-    the model's own code raises propagates: the model rejects these inputs.
+    pass is at once the check that the model accepts the inputs and the shape propagation; the model's
+    buffers and the random number generators are put back afterwards (a training-mode BatchNorm would
+    otherwise move its running statistics). A traced graph that fails where its module's own forward runs
+    is dropped from ``capture.graphs`` (reported in ``capture.untraced``): torch.fx traced something that is
+    not the module's function. An exception that the model's own code raises propagates: the model rejects
+    these inputs.
     """
     saved = [(m, dict(m.__dict__)) for m in model.modules()]  # a forward may cache what it computes
+    # A training-mode forward moves BN running statistics (and dropout draws random numbers): this run
+    # must leave the model's state exactly as it found it.
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    rng_devices = sorted({t.device.index or 0 for t in example_inputs if isinstance(t, torch.Tensor) and t.is_cuda})
     broken: dict[int, str] = {}
     for g in capture.graphs:
         if g.path == "":
             continue
 
-        def forward(*args: Any, g: CapturedGraph = g, **kwargs: Any) -> Any:
+        def forward(*args: Any, g: CapturedGraph = g, eager: Any = g.module.forward, **kwargs: Any) -> Any:
             if g.example_inputs is None and not kwargs and id(g) not in broken:
                 try:
                     result = _ShapeRecorder(g.gm).run(*args)
@@ -150,11 +187,11 @@ def propagate_shapes(model: nn.Module, capture: Capture, example_inputs: tuple[A
                     return result
                 except Exception as error:
                     broken[id(g)] = _first_line(error)
-            return type(g.module).forward(g.module, *args, **kwargs)
+            return eager(*args, **kwargs)
 
         object.__setattr__(g.module, "forward", forward)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch.random.fork_rng(devices=rng_devices):
             if len(capture.graphs) == 1 and capture.graphs[0].path == "":
                 root = capture.graphs[0]
                 try:
@@ -169,6 +206,9 @@ def propagate_shapes(model: nn.Module, capture: Capture, example_inputs: tuple[A
         for m, attributes in saved:
             m.__dict__.clear()
             m.__dict__.update(attributes)
+        with torch.no_grad():
+            for buffer, value in buffers:
+                buffer.copy_(value)
     for g in [g for g in capture.graphs if id(g) in broken]:
         capture.graphs.remove(g)
         reason = f"its traced graph fails where its forward runs ({broken[id(g)]}); left as it is"

@@ -98,10 +98,17 @@ def rewrite_chains(gm: fx.GraphModule, chains: list[Chain], precision: Precision
         name = _free_name(gm, module.source)
         gm.add_submodule(name, module)
         args = (chain.input,) if chain.residual is None else (chain.input, chain.residual)
-        with graph.inserting_before(chain.last):
+        readers = chain.metadata_readers
+        order = {n: i for i, n in enumerate(graph.nodes)} if readers else {}
+        # Before the chain's last node, or before the first metadata read of an interior value (which then
+        # reads the fused node: it has the same shape, dtype and device).
+        where = min([chain.last, *(u for _, u in readers)], key=lambda n: order.get(n, 0))
+        with graph.inserting_before(where):
             fused = graph.call_module(name, args)
         fused.meta = dict(chain.last.meta)
         fused.meta["fused_chain"] = " -> ".join(chain.ops)
+        for interior, reader in readers:
+            reader.replace_input_with(interior, fused)
         chain.last.replace_all_uses_with(fused)
         for node in reversed(chain.nodes):
             graph.erase_node(node)
