@@ -6,8 +6,9 @@ block still lands in some graph; what could not be traced is recorded with the r
 
 A traced submodule is installed back into its parent by replacing that module's ``forward`` (an instance
 attribute pointing at the graph module, which is registered as its child ``fused_graph``): the module keeps
-its class, its attributes and its methods, so the parent's Python code (routing by ``m.f``, ``isinstance``
-checks) runs exactly as before.
+its class, its plain attributes and its methods, so the parent's Python code (routing by ``m.f``,
+``isinstance`` checks) runs exactly as before. Its own parameters, buffers and children go: the graph
+module holds what the new forward reads, so the optimized model carries no dead weights.
 """
 
 from __future__ import annotations
@@ -23,11 +24,37 @@ from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 @dataclass(frozen=True)
 class UntracedModule:
-    """A module torch.fx could not trace (its traceable children were traced instead)."""
+    """A module torch.fx could not trace (its traceable children were traced instead).
+
+    ``reason`` says in plain words why and what was done instead; ``detail`` is the first line of the
+    underlying error, for a bug report.
+    """
 
     path: str
     type_name: str
     reason: str
+    detail: str = ""
+
+
+# What the common torch.fx failures mean for the user's code: (a piece of the error's text, the sentence).
+TRACE_FAILURES: list[tuple[str, str]] = [
+    ("cannot be used as inputs to control flow", "its forward branches on a computed value (if, while, and, or)"),
+    ("Proxy object cannot be iterated", "its forward loops over or unpacks a computed value (for, a, b = x, *x)"),
+    ("'len' is not supported", "its forward calls len() on a computed value"),
+    ("not 'Proxy'", "its forward turns a computed value into a Python number (int(), float(), a shape as int)"),
+    ("co_varnames is too small", "its forward takes *args or **kwargs in a form torch.fx cannot trace"),
+    ("is not installed as a submodule", "its forward calls a module that is not one of its submodules"),
+    ("forward was replaced on the instance", "its forward was replaced on the instance by a function it cannot read"),
+]
+
+
+def explain_trace_failure(error: BaseException) -> str:
+    """The plain sentence for a torch.fx failure, or a generic one naming the exception type."""
+    text = str(error)
+    for needle, sentence in TRACE_FAILURES:
+        if needle in text:
+            return sentence
+    return f"torch.fx could not trace its forward ({type(error).__name__})"
 
 
 @dataclass
@@ -149,7 +176,14 @@ def capture(model: nn.Module) -> Capture:
                 result.graphs.append(CapturedGraph(path, module, trace(module, path)))
                 return
             except Exception as error:  # any failure to trace means: try the children instead
-                result.untraced.append(UntracedModule(path or "(model)", type(module).__name__, _first_line(error)))
+                instead = (
+                    "its submodules were traced and optimized one by one instead"
+                    if any(_worth_tracing(c) for c in module.children())
+                    else "it runs as it is"
+                )
+                reason = f"{explain_trace_failure(error)}; {instead}"
+                entry = UntracedModule(path or "(model)", type(module).__name__, reason, _first_line(error))
+                result.untraced.append(entry)
         for name, child in module.named_children():
             if _worth_tracing(child):
                 visit(child, f"{path}.{name}" if path else name)
@@ -211,8 +245,11 @@ def propagate_shapes(model: nn.Module, capture: Capture, example_inputs: tuple[A
                 buffer.copy_(value)
     for g in [g for g in capture.graphs if id(g) in broken]:
         capture.graphs.remove(g)
-        reason = f"its traced graph fails where its forward runs ({broken[id(g)]}); left as it is"
-        capture.untraced.append(UntracedModule(g.path or "(model)", type(g.module).__name__, reason))
+        reason = (
+            "its traced graph fails where its forward runs (torch.fx recorded something other than what the "
+            "forward computes on these inputs); it runs as it is"
+        )
+        capture.untraced.append(UntracedModule(g.path or "(model)", type(g.module).__name__, reason, broken[id(g)]))
 
 
 class _ShapeRecorder(fx.Interpreter):
@@ -233,6 +270,10 @@ def install(capture: Capture, graph: CapturedGraph, optimized: fx.GraphModule) -
     name, i = "fused_graph", 1
     while hasattr(module, name):
         name, i = f"fused_graph_{i}", i + 1
+    # What the graph reads it holds itself (the same tensors and submodules); the module's own parameters,
+    # buffers and children are dead weight once the graph is its forward (the replaced convs and BNs).
+    for dead in [*module._parameters, *module._buffers, *module._modules]:
+        delattr(module, dead)
     module.add_module(name, optimized)
     # An instance attribute shadows the class's forward; nn.Module.__call__ then runs the graph.
     object.__setattr__(module, "forward", optimized.forward)

@@ -147,7 +147,10 @@ class FusionReport:
             lines += ["", "Not fused:", *_table(["#", "ops", "modules", "reason"], rows)]
         if self.untraced:
             lines += ["", "Not traced as a whole (their traceable parts were fused):"]
-            lines += [f"  {u.path} ({u.type_name}): {u.reason}" for u in self.untraced]
+            lines += [
+                f"  {u.path} ({u.type_name}): {u.reason}" + (f" [{u.detail}]" if u.detail else "")
+                for u in self.untraced
+            ]
         return "\n".join(lines)
 
     def __repr__(self) -> str:
