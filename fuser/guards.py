@@ -70,7 +70,9 @@ def batchnorm_eval(chain: Chain, gm: fx.GraphModule) -> str | None:
             )
         if getattr(module, "running_mean", None) is None:
             return f"BatchNorm {describe_node(bn)} has no running statistics (track_running_stats=False)"
-        return f"{type(module).__name__} {describe_node(bn)} is not folded into a 2-D conv"
+        if chain.infos[0].kind != "linear" or type(module) is not nn.BatchNorm1d:
+            return f"{type(module).__name__} {describe_node(bn)} is not folded into a 2-D conv"
+        return _normalizes_the_features(chain, bn)
     args = bind(bn, BN_ARGS, BN_DEFAULTS)
     if args["training"] is not False:
         if isinstance(args["training"], fx.Node):
@@ -78,6 +80,20 @@ def batchnorm_eval(chain: Chain, gm: fx.GraphModule) -> str | None:
         return f"BatchNorm {describe_node(bn)} runs with training=True: batch statistics cannot be folded"
     if constant_tensor(gm, args["running_mean"]) is None or constant_tensor(gm, args["running_var"]) is None:
         return f"BatchNorm {describe_node(bn)} has no constant running statistics"
+    return _normalizes_the_features(chain, bn) if chain.infos[0].kind == "linear" else None
+
+
+def _normalizes_the_features(chain: Chain, bn: fx.Node) -> str | None:
+    """A BN after a linear folds into it only on a 2-D [rows, features] value: on 3-D input BatchNorm
+    normalizes dimension 1, which is not the linear's output features."""
+    meta = chain.head.meta.get("tensor_meta")
+    if meta is None:
+        return f"BatchNorm {describe_node(bn)} after a linear: its input's rank is unknown without example inputs"
+    if len(meta.shape) != 2:
+        return (
+            f"BatchNorm {describe_node(bn)} normalizes dimension 1 of a {len(meta.shape)}-D value, not the "
+            f"features of the linear {describe_node(chain.head)} before it"
+        )
     return None
 
 

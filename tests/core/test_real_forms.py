@@ -325,7 +325,7 @@ class FunctionalDropouts(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.fc = nn.Linear(19, 21)
-        self.drop = nn.Dropout2d(0.2)
+        self.drop = nn.Dropout(0.2)
         self.ident = nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -419,3 +419,117 @@ def test_flatten_of_another_tensor_is_not_cancelled():
     x = torch.randn(3, 7, 19)
     opt = optimize_and_compare(copy.deepcopy(model), x)
     assert not opt.fusion_report.fused
+
+
+# ---------------------------------------------------------------------------------------------------------
+# BatchNorms: folded into a linear before them, or reported with the reason they stay
+
+
+class DenseLayer(nn.Module):
+    """torchvision.models.densenet._DenseLayer (without the memory-efficient checkpointing)."""
+
+    def __init__(self, num_input_features: int, growth_rate: int, bn_size: int) -> None:
+        super().__init__()
+        self.norm1 = nn.BatchNorm2d(num_input_features)
+        self.relu1 = nn.ReLU(inplace=True)
+        self.conv1 = nn.Conv2d(num_input_features, bn_size * growth_rate, kernel_size=1, stride=1, bias=False)
+        self.norm2 = nn.BatchNorm2d(bn_size * growth_rate)
+        self.relu2 = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(bn_size * growth_rate, growth_rate, kernel_size=3, stride=1, padding=1, bias=False)
+
+    def bn_function(self, inputs: list[torch.Tensor]) -> torch.Tensor:
+        concated_features = torch.cat(inputs, 1)
+        return self.conv1(self.relu1(self.norm1(concated_features)))
+
+    def forward(self, input: list[torch.Tensor]) -> torch.Tensor:
+        bottleneck_output = self.bn_function(input)
+        return self.conv2(self.relu2(self.norm2(bottleneck_output)))
+
+
+class DenseBlock(nn.ModuleDict):
+    """torchvision.models.densenet._DenseBlock."""
+
+    def __init__(self, num_layers: int, num_input_features: int, bn_size: int, growth_rate: int) -> None:
+        super().__init__()
+        for i in range(num_layers):
+            layer = DenseLayer(num_input_features + i * growth_rate, growth_rate, bn_size)
+            self.add_module(f"denselayer{i + 1}", layer)
+
+    def forward(self, init_features: torch.Tensor) -> torch.Tensor:
+        features = [init_features]
+        for _, layer in self.items():
+            features.append(layer(features))
+        return torch.cat(features, 1)
+
+
+def test_densenet_batchnorm_after_concat_is_reported():
+    model = seeded(DenseBlock(2, 5, 2, 3))
+    x = torch.randn(2, 5, 9, 11)
+    opt = optimize_and_compare(model, x)
+    report = opt.fusion_report
+    assert fused_ops(opt) == [["conv2d", "batch_norm", "relu"]] * 2, str(report)
+    stays = [e for e in report.rejected if "batch_norm" in e.ops]
+    assert [e.modules for e in stays] == [["denselayer1.norm1"], ["denselayer2.norm1"]], str(report)
+    assert all("follows `cat`" in e.reason and "not a conv or linear" in e.reason for e in stays), str(report)
+
+
+class LinearBn(nn.Module):
+    """A linear layer followed by BatchNorm1d over its features, then an activation (MLP heads, LeViT)."""
+
+    def __init__(self, k: int = 19, n: int = 21, bias: bool = True, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.linear = nn.Linear(k, n, bias=bias)
+        self.bn = nn.BatchNorm1d(n, eps=eps)
+        self.act = nn.Hardswish()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.bn(self.linear(x)))
+
+
+@pytest.mark.parametrize(("bias", "eps"), [(True, 1e-5), (False, 0.3)], ids=["bias", "no-bias-large-eps"])
+def test_linear_batchnorm1d_folds_into_the_linear(bias, eps):
+    model = seeded(LinearBn(bias=bias, eps=eps))
+    x = torch.randn(7, 19)
+    opt = optimize_and_compare(model, x)
+    assert fused_ops(opt) == [["linear", "batch_norm", "hardswish"]], str(opt.fusion_report)
+    assert not any(isinstance(m, nn.BatchNorm1d) for m in opt.modules())
+
+
+class LinearBnPerToken(nn.Module):
+    """BatchNorm1d on a 3-D [batch, tokens, features] linear output: it normalizes the tokens, not features."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(19, 21)
+        self.bn = nn.BatchNorm1d(5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.linear(x))
+
+
+def test_batchnorm1d_over_another_dimension_is_not_folded():
+    model = seeded(LinearBnPerToken())
+    opt = optimize_and_compare(model, torch.randn(3, 5, 19))
+    assert not opt.fusion_report.fused
+    (entry,) = opt.fusion_report.rejected
+    assert "normalizes dimension 1 of a 3-D value" in entry.reason
+
+
+class LeViTLinearNorm(nn.Module):
+    """timm.models.levit.LinearNorm: BatchNorm1d on the flattened tokens, reshaped back."""
+
+    def __init__(self, in_features: int = 19, out_features: int = 21) -> None:
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features, bias=False)
+        self.bn = nn.BatchNorm1d(out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.linear(x)
+        return self.bn(x.flatten(0, 1)).reshape_as(x)
+
+
+def test_levit_linear_norm_batchnorm_is_reported():
+    model = seeded(LeViTLinearNorm())
+    opt = optimize_and_compare(model, torch.randn(3, 5, 19))
+    stays = [e for e in opt.fusion_report.rejected if "batch_norm" in e.ops]
+    assert len(stays) == 1 and "follows `flatten`" in stays[0].reason, str(opt.fusion_report)
