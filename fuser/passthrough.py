@@ -1,11 +1,12 @@
-"""Canonicalization of ops that pass their value through: they vanish before matching.
+"""Canonicalization of ops that pass their value through: they vanish (or move aside) before matching.
 
 An ``nn.Identity``, a dropout that does not drop (eval mode, ``training=False``, ``p=0``) and the flatten /
 unflatten pair a GPT-2 ``Conv1D`` writes around its GEMM compute nothing, but each sits between two ops
 of a chain (BERT's ``dense -> dropout -> + residual``, timm's ``BatchNormAct2d`` with its
-``drop = nn.Identity()`` before the activation) and stops the match. Each rule bypasses one such op and
-says whether it did; the rules run first in fuser.canonicalize's list, so the other rules see the graph
-without them.
+``drop = nn.Identity()`` before the activation) and stops the match; so does the flatten timm's LeViT
+puts between a linear and its BatchNorm1d, which can move before the linear. Each rule rewrites one such
+op and says whether it did; the rules run first in fuser.canonicalize's list, so the other rules see the
+graph without them.
 
 The rules only read ``ctx.gm`` and ``ctx.modules`` of the canonicalizer's context.
 """
@@ -142,6 +143,45 @@ def rule_flattened_linear(node: fx.Node, ctx: Any) -> bool:
     return True
 
 
+def rule_batchnorm_over_flattened_tokens(node: fx.Node, ctx: Any) -> bool:
+    """``bn(v.flatten(0, 1)).reshape_as(v)`` with ``v = linear(x)`` 3-D and ``bn`` a BatchNorm1d (timm LeViT's
+    LinearNorm) becomes ``bn(linear(x.flatten(0, 1))).reshape(x.shape[:-1] + (N,))``: the same values, the
+    flatten moved before the linear (it merges leading dimensions only), so the BN directly follows the
+    linear on a 2-D value and the matcher can fold it."""
+    if not _is_method(node, ("reshape_as",)) or len(node.args) != 2 or node.kwargs:
+        return False
+    bn, v = node.args
+    if not (isinstance(bn, fx.Node) and bn.op == "call_module" and len(bn.args) == 1 and not bn.kwargs):
+        return False
+    if type(ctx.modules.get(str(bn.target))) is not nn.BatchNorm1d or len(bn.users) != 1:
+        return False
+    flat = bn.args[0]
+    if not _is_method(flat, ("flatten",)) or flat.kwargs or len(flat.users) != 1 or flat.args[1:] != (0, 1):
+        return False
+    if flat.args[0] is not v or not (v.op == "call_function" and v.target is F.linear) or set(v.users) != {flat, node}:
+        return False
+    meta = v.meta.get("tensor_meta")
+    weight = constant_tensor(ctx.gm, bind(v, ("input", "weight", "bias"), {"bias": None})["weight"])
+    if meta is None or len(meta.shape) != 3 or weight is None or not isinstance(v.args[0], fx.Node):
+        return False
+    graph, x = node.graph, v.args[0]
+    with graph.inserting_before(v):
+        flat_x = graph.call_method("flatten", (x, 0, 1))
+    v.args = (flat_x, *v.args[1:])
+    v.meta["tensor_meta"] = flat.meta.get("tensor_meta")
+    bn.args = (v,)
+    graph.erase_node(flat)
+    with graph.inserting_before(node):
+        shape = graph.call_function(getattr, (x, "shape"))
+        lead = graph.call_function(operator.getitem, (shape, slice(None, -1, None)))
+        size = graph.call_function(operator.add, (lead, (int(weight.shape[0]),)))
+        out = graph.call_method("reshape", (bn, size))
+    out.meta = dict(node.meta)
+    node.replace_all_uses_with(out)
+    graph.erase_node(node)
+    return True
+
+
 def _erase_dead(*nodes: Any) -> None:
     """Erase the given nodes, and what only they read, once nothing reads them."""
     pending, erased = [n for n in nodes if isinstance(n, fx.Node)], set()
@@ -158,4 +198,9 @@ PASSTHROUGH_RULES: list[tuple[str, str, Callable[[fx.Node, Any], bool]]] = [
     ("identity", "nn.Identity()(x) -> x", rule_identity_module),
     ("inactive_dropout", "eval-mode dropout, dropout(training=False) or p=0 -> x", rule_inactive_dropout),
     ("flattened_linear", "linear(x.view(-1, K)).view(x.size()[:-1] + (N,)) -> linear(x)", rule_flattened_linear),
+    (
+        "batchnorm_over_flattened_tokens",
+        "bn1d(linear(x).flatten(0, 1)).reshape_as(...) -> bn1d(linear(x.flatten(0, 1))).reshape(...)",
+        rule_batchnorm_over_flattened_tokens,
+    ),
 ]

@@ -528,8 +528,29 @@ class LeViTLinearNorm(nn.Module):
         return self.bn(x.flatten(0, 1)).reshape_as(x)
 
 
-def test_levit_linear_norm_batchnorm_is_reported():
+def test_levit_linear_norm_folds_into_the_linear():
     model = seeded(LeViTLinearNorm())
+    opt = optimize_and_compare(model, torch.randn(3, 5, 19))
+    assert fused_ops(opt) == [["linear", "batch_norm"]], str(opt.fusion_report)
+    x2 = torch.randn(2, 9, 19)  # other batch and token counts
+    with torch.no_grad():
+        assert_close(opt(x2), reference64(model, x2), "ieee")
+
+
+class FlattenBeforeBatchNorm(nn.Module):
+    """A flattened linear output normalized and used again as it is: the BN stays, and is reported."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = LeViTLinearNorm()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        v = self.inner.linear(x)
+        return self.inner.bn(v.flatten(0, 1)).reshape_as(v) + v
+
+
+def test_batchnorm_after_a_flatten_it_cannot_see_through_is_reported():
+    model = seeded(FlattenBeforeBatchNorm())
     opt = optimize_and_compare(model, torch.randn(3, 5, 19))
     stays = [e for e in opt.fusion_report.rejected if "batch_norm" in e.ops]
     assert len(stays) == 1 and "follows `flatten`" in stays[0].reason, str(opt.fusion_report)
