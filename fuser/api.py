@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +176,15 @@ def _capture(working: nn.Module) -> Capture:
     return capture(working)
 
 
+def strict() -> bool:
+    """``FUSER_STRICT=1``: an internal error inside a pass raises instead of leaving that graph as it is.
+
+    Outside strict mode such an error costs only the fusions of one graph (the model stays correct), so it
+    is a warning and a report entry; the test suite runs strict, so a bug in a pass cannot hide there.
+    """
+    return os.environ.get("FUSER_STRICT", "") not in ("", "0")
+
+
 def _run_pipeline(
     working: nn.Module, inputs: tuple[Any, ...] | None, policy: Precision, backend: str, *, rewrite: bool
 ) -> tuple[nn.Module, FusionReport]:
@@ -196,7 +206,10 @@ def _run_pipeline(
             entries += [ChainReport.from_chain(r.chain, False, reason=r.reason) for r in result.rejected]
             rewritten = rewrite and rewrite_chains(graph.gm, result.accepted, policy, backend)
         except Exception as error:  # never fail the user's model over one graph: leave it as it was
+            if strict():
+                raise
             reason = f"fuser failed on its graph ({type(error).__name__}: {error}); left as it is - please report"
+            warnings.warn(f"fuser: {graph.path or '(model)'}: {reason}", RuntimeWarning, stacklevel=3)
             report.untraced.append(UntracedModule(graph.path or "(model)", type(graph.module).__name__, reason))
             continue
         report.entries += entries

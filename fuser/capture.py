@@ -6,8 +6,9 @@ block still lands in some graph; what could not be traced is recorded with the r
 
 A traced submodule is installed back into its parent by replacing that module's ``forward`` (an instance
 attribute pointing at the graph module, which is registered as its child ``fused_graph``): the module keeps
-its class, its attributes and its methods, so the parent's Python code (routing by ``m.f``, ``isinstance``
-checks) runs exactly as before.
+its class, its plain attributes and its methods, so the parent's Python code (routing by ``m.f``,
+``isinstance`` checks) runs exactly as before. Its own parameters, buffers and children go: the graph
+module holds what the new forward reads, so the optimized model carries no dead weights.
 """
 
 from __future__ import annotations
@@ -23,11 +24,37 @@ from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 @dataclass(frozen=True)
 class UntracedModule:
-    """A module torch.fx could not trace (its traceable children were traced instead)."""
+    """A module torch.fx could not trace (its traceable children were traced instead).
+
+    ``reason`` says in plain words why and what was done instead; ``detail`` is the first line of the
+    underlying error, for a bug report.
+    """
 
     path: str
     type_name: str
     reason: str
+    detail: str = ""
+
+
+# What the common torch.fx failures mean for the user's code: (a piece of the error's text, the sentence).
+TRACE_FAILURES: list[tuple[str, str]] = [
+    ("cannot be used as inputs to control flow", "its forward branches on a computed value (if, while, and, or)"),
+    ("Proxy object cannot be iterated", "its forward loops over or unpacks a computed value (for, a, b = x, *x)"),
+    ("'len' is not supported", "its forward calls len() on a computed value"),
+    ("not 'Proxy'", "its forward turns a computed value into a Python number (int(), float(), a shape as int)"),
+    ("co_varnames is too small", "its forward takes *args or **kwargs in a form torch.fx cannot trace"),
+    ("is not installed as a submodule", "its forward calls a module that is not one of its submodules"),
+    ("forward was replaced on the instance", "its forward was replaced on the instance by a function it cannot read"),
+]
+
+
+def explain_trace_failure(error: BaseException) -> str:
+    """The plain sentence for a torch.fx failure, or a generic one naming the exception type."""
+    text = str(error)
+    for needle, sentence in TRACE_FAILURES:
+        if needle in text:
+            return sentence
+    return f"torch.fx could not trace its forward ({type(error).__name__})"
 
 
 @dataclass
@@ -66,14 +93,44 @@ class SourceTracer(fx.Tracer):
         finally:
             self._scope.pop()
 
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        # A torch.nn layer whose forward was replaced on the instance does not compute what its type says.
+        return "forward" not in m.__dict__ and super().is_leaf_module(m, module_qualified_name)
+
     def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
         node = super().create_node(*args, **kwargs)
         node.meta["source_module"] = self._scope[-1]
         return node
 
 
+class ReplacedForward(TypeError):
+    """The module's instance runs a forward that is not a method of its class: fuser cannot trace it."""
+
+
+def forward_method_name(module: nn.Module) -> str:
+    """The name of the method ``module`` runs when called: ``forward``, or the method of its class that was
+    assigned to the instance (``m.forward = m.forward_fuse``, as ultralytics' ``fuse()`` does).
+
+    torch.fx traces the class's ``forward`` of a root module; tracing that when the instance runs another
+    method would optimize a function the model does not compute. Any other instance-level forward (a lambda,
+    a method of another object) raises :class:`ReplacedForward`.
+    """
+    forward = module.__dict__.get("forward")
+    if forward is None:
+        return "forward"
+    func = getattr(forward, "__func__", None)
+    if getattr(forward, "__self__", None) is module and func is not None:
+        name = getattr(func, "__name__", "")
+        if getattr(type(module), name, None) is func:
+            return name
+    raise ReplacedForward(
+        f"its forward was replaced on the instance by {forward!r}, which is not a method of "
+        f"{type(module).__name__}, so fuser cannot tell what it computes"
+    )
+
+
 def trace(module: nn.Module, path: str = "") -> fx.GraphModule:
-    """``torch.fx.symbolic_trace`` with source-module names recorded on the nodes.
+    """``torch.fx.symbolic_trace`` of the forward the instance runs, with source-module names on the nodes.
 
     Attributes that a forward assigns while being traced (a cache of anchors, a remembered shape) would
     hold proxies afterwards; every module's attributes are put back as they were, traced or not.
@@ -81,6 +138,7 @@ def trace(module: nn.Module, path: str = "") -> fx.GraphModule:
     saved = [(m, dict(m.__dict__)) for m in module.modules()]
     try:
         tracer = SourceTracer(path)
+        tracer.traced_func_name = forward_method_name(module)
         graph = tracer.trace(module)
         for node in graph.nodes:
             if isinstance(node.type, str):
@@ -118,7 +176,14 @@ def capture(model: nn.Module) -> Capture:
                 result.graphs.append(CapturedGraph(path, module, trace(module, path)))
                 return
             except Exception as error:  # any failure to trace means: try the children instead
-                result.untraced.append(UntracedModule(path or "(model)", type(module).__name__, _first_line(error)))
+                instead = (
+                    "its submodules were traced and optimized one by one instead"
+                    if any(_worth_tracing(c) for c in module.children())
+                    else "it runs as it is"
+                )
+                reason = f"{explain_trace_failure(error)}; {instead}"
+                entry = UntracedModule(path or "(model)", type(module).__name__, reason, _first_line(error))
+                result.untraced.append(entry)
         for name, child in module.named_children():
             if _worth_tracing(child):
                 visit(child, f"{path}.{name}" if path else name)
@@ -131,18 +196,24 @@ def propagate_shapes(model: nn.Module, capture: Capture, example_inputs: tuple[A
     """Run ``model`` once on ``example_inputs``, recording shapes and dtypes on every traced graph's nodes.
 
     Each traced module runs its graph through a shape recorder for its first call, so this one forward
-    pass is at once the check that the model accepts the inputs and the shape propagation. A traced graph
-    that fails where its module's own forward runs is dropped from ``capture.graphs`` (reported in
-    ``capture.untraced``): torch.fx traced something that is not the module's function. An exception that
-    the model's own code raises propagates: the model rejects these inputs.
+    pass is at once the check that the model accepts the inputs and the shape propagation; the model's
+    buffers and the random number generators are put back afterwards (a training-mode BatchNorm would
+    otherwise move its running statistics). A traced graph that fails where its module's own forward runs
+    is dropped from ``capture.graphs`` (reported in ``capture.untraced``): torch.fx traced something that is
+    not the module's function. An exception that the model's own code raises propagates: the model rejects
+    these inputs.
     """
     saved = [(m, dict(m.__dict__)) for m in model.modules()]  # a forward may cache what it computes
+    # A training-mode forward moves BN running statistics (and dropout draws random numbers): this run
+    # must leave the model's state exactly as it found it.
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    rng_devices = sorted({t.device.index or 0 for t in example_inputs if isinstance(t, torch.Tensor) and t.is_cuda})
     broken: dict[int, str] = {}
     for g in capture.graphs:
         if g.path == "":
             continue
 
-        def forward(*args: Any, g: CapturedGraph = g, **kwargs: Any) -> Any:
+        def forward(*args: Any, g: CapturedGraph = g, eager: Any = g.module.forward, **kwargs: Any) -> Any:
             if g.example_inputs is None and not kwargs and id(g) not in broken:
                 try:
                     result = _ShapeRecorder(g.gm).run(*args)
@@ -150,11 +221,11 @@ def propagate_shapes(model: nn.Module, capture: Capture, example_inputs: tuple[A
                     return result
                 except Exception as error:
                     broken[id(g)] = _first_line(error)
-            return type(g.module).forward(g.module, *args, **kwargs)
+            return eager(*args, **kwargs)
 
         object.__setattr__(g.module, "forward", forward)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch.random.fork_rng(devices=rng_devices):
             if len(capture.graphs) == 1 and capture.graphs[0].path == "":
                 root = capture.graphs[0]
                 try:
@@ -169,10 +240,16 @@ def propagate_shapes(model: nn.Module, capture: Capture, example_inputs: tuple[A
         for m, attributes in saved:
             m.__dict__.clear()
             m.__dict__.update(attributes)
+        with torch.no_grad():
+            for buffer, value in buffers:
+                buffer.copy_(value)
     for g in [g for g in capture.graphs if id(g) in broken]:
         capture.graphs.remove(g)
-        reason = f"its traced graph fails where its forward runs ({broken[id(g)]}); left as it is"
-        capture.untraced.append(UntracedModule(g.path or "(model)", type(g.module).__name__, reason))
+        reason = (
+            "its traced graph fails where its forward runs (torch.fx recorded something other than what the "
+            "forward computes on these inputs); it runs as it is"
+        )
+        capture.untraced.append(UntracedModule(g.path or "(model)", type(g.module).__name__, reason, broken[id(g)]))
 
 
 class _ShapeRecorder(fx.Interpreter):
@@ -193,6 +270,10 @@ def install(capture: Capture, graph: CapturedGraph, optimized: fx.GraphModule) -
     name, i = "fused_graph", 1
     while hasattr(module, name):
         name, i = f"fused_graph_{i}", i + 1
+    # What the graph reads it holds itself (the same tensors and submodules); the module's own parameters,
+    # buffers and children are dead weight once the graph is its forward (the replaced convs and BNs).
+    for dead in [*module._parameters, *module._buffers, *module._modules]:
+        delattr(module, dead)
     module.add_module(name, optimized)
     # An instance attribute shadows the class's forward; nn.Module.__call__ then runs the graph.
     object.__setattr__(module, "forward", optimized.forward)

@@ -18,6 +18,26 @@ def describe_node(node: fx.Node) -> str:
     return f"`{node.name}` ({source})" if source else f"`{node.name}`"
 
 
+# Reads of a tensor's metadata, not of its values: x.ndim, x.shape, x.dtype, x.size(), x.dim(), ...
+_METADATA_ATTRIBUTES = frozenset({"ndim", "shape", "dtype", "device", "is_cuda", "layout"})
+_METADATA_METHODS = frozenset({"size", "dim", "ndimension", "numel", "get_device"})
+
+
+def is_metadata_read(user: fx.Node, value: fx.Node) -> bool:
+    """True when ``user`` reads only ``value``'s metadata (timm's ``_assert(x.ndim == 4, ...)``), so fusing
+    the op that computes ``value`` does not need ``value`` stored: any tensor of the same metadata will do."""
+    if user.args[:1] != (value,) or any(value is a for a in (*user.args[1:], *user.kwargs.values())):
+        return False
+    if user.op == "call_function" and user.target is getattr:
+        return len(user.args) == 2 and user.args[1] in _METADATA_ATTRIBUTES
+    return user.op == "call_method" and user.target in _METADATA_METHODS
+
+
+def value_users(node: fx.Node) -> list[fx.Node]:
+    """The users of ``node`` that read its values (every user but the metadata reads)."""
+    return [u for u in node.users if not is_metadata_read(u, node)]
+
+
 @dataclass
 class Chain:
     pattern: ChainPattern
@@ -40,6 +60,13 @@ class Chain:
             if info.kind == kind:
                 return node, info
         return None
+
+    @property
+    def metadata_readers(self) -> list[tuple[fx.Node, fx.Node]]:
+        """(interior node, user) for each metadata read of a value inside the chain. Every interior value has
+        the shape, dtype and device of the chain's output (the guards see to it), so after the rewrite these
+        users read the fused node instead."""
+        return [(n, u) for n in self.nodes[:-1] for u in n.users if is_metadata_read(u, n)]
 
     @property
     def input(self) -> fx.Node:

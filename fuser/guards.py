@@ -13,7 +13,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from fuser.chain import Chain, describe_node
+from fuser.chain import Chain, describe_node, value_users
 from fuser.graph_ops import (
     BN_ARGS,
     BN_DEFAULTS,
@@ -70,7 +70,9 @@ def batchnorm_eval(chain: Chain, gm: fx.GraphModule) -> str | None:
             )
         if getattr(module, "running_mean", None) is None:
             return f"BatchNorm {describe_node(bn)} has no running statistics (track_running_stats=False)"
-        return f"{type(module).__name__} {describe_node(bn)} is not folded into a 2-D conv"
+        if chain.infos[0].kind != "linear" or type(module) is not nn.BatchNorm1d:
+            return f"{type(module).__name__} {describe_node(bn)} is not folded into a 2-D conv"
+        return _normalizes_the_features(chain, bn)
     args = bind(bn, BN_ARGS, BN_DEFAULTS)
     if args["training"] is not False:
         if isinstance(args["training"], fx.Node):
@@ -78,6 +80,20 @@ def batchnorm_eval(chain: Chain, gm: fx.GraphModule) -> str | None:
         return f"BatchNorm {describe_node(bn)} runs with training=True: batch statistics cannot be folded"
     if constant_tensor(gm, args["running_mean"]) is None or constant_tensor(gm, args["running_var"]) is None:
         return f"BatchNorm {describe_node(bn)} has no constant running statistics"
+    return _normalizes_the_features(chain, bn) if chain.infos[0].kind == "linear" else None
+
+
+def _normalizes_the_features(chain: Chain, bn: fx.Node) -> str | None:
+    """A BN after a linear folds into it only on a 2-D [rows, features] value: on 3-D input BatchNorm
+    normalizes dimension 1, which is not the linear's output features."""
+    meta = chain.head.meta.get("tensor_meta")
+    if meta is None:
+        return f"BatchNorm {describe_node(bn)} after a linear: its input's rank is unknown without example inputs"
+    if len(meta.shape) != 2:
+        return (
+            f"BatchNorm {describe_node(bn)} normalizes dimension 1 of a {len(meta.shape)}-D value, not the "
+            f"features of the linear {describe_node(chain.head)} before it"
+        )
     return None
 
 
@@ -124,9 +140,27 @@ def data_flow(chain: Chain, gm: fx.GraphModule) -> str | None:
 
 def single_user(chain: Chain, gm: fx.GraphModule) -> str | None:
     for node in chain.nodes[:-1]:
-        if len(node.users) != 1:
-            users = ", ".join(f"`{u.name}`" for u in node.users)
-            return f"the output of {describe_node(node)} has {len(node.users)} users ({users}), so it must be stored"
+        users = value_users(node)
+        if len(users) != 1:
+            names = ", ".join(f"`{u.name}`" for u in users)
+            return f"the output of {describe_node(node)} has {len(users)} users ({names}), so it must be stored"
+    readers = chain.metadata_readers
+    residual = chain.residual
+    if readers and residual is not None:
+        # The fused node replaces the interior values for their metadata readers, so it must come before
+        # the first of them, and its residual before it; and the add must provably keep the shape.
+        order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        node, first = min(readers, key=lambda pair: order[pair[1]])
+        if order[residual] > order[first]:
+            return (
+                f"{describe_node(first)} reads the metadata of {describe_node(node)} before the residual "
+                f"{describe_node(residual)} is computed"
+            )
+        if residual.meta.get("tensor_meta") is None:
+            return (
+                f"{describe_node(first)} reads the metadata of {describe_node(node)}, and without example inputs "
+                "the residual add may change it"
+            )
     return None
 
 
@@ -192,7 +226,7 @@ GUARDS: list[Guard] = [
     Guard("constant_parameters", constant_parameters),
     # the value flows through each op's data input; the residual comes from outside the chain
     Guard("data_flow", data_flow),
-    # every interior value has exactly one user (else it must be stored anyway)
+    # every interior value has exactly one user besides metadata reads (else it must be stored anyway)
     Guard("single_user", single_user),
     # floating point, one device, input dtype equal to the weight dtype
     Guard("dtypes_and_devices", dtypes_and_devices),

@@ -4,7 +4,8 @@ The fx graph becomes a DiGraph of its classified nodes (kinds from fuser.graph_o
 direct data dependency; each pattern is a small path DiGraph; a match is a subgraph monomorphism whose node
 kinds agree. Patterns are tried in priority order and matches in graph order; a match whose nodes are free
 and that passes every guard is accepted and claims its nodes. For every conv or linear that heads a candidate
-chain and ends up in no accepted chain, the report gets the reason of its highest-priority failed form.
+chain and ends up in no accepted chain, the report gets the reason of its highest-priority failed form, and
+so does every BatchNorm that stays unfolded (after a concat, say).
 """
 
 from __future__ import annotations
@@ -59,6 +60,34 @@ def _unsupported_successor(node: fx.Node, gm: fx.GraphModule) -> str | None:
     return None
 
 
+def _unfolded_batchnorms(
+    infos: dict[fx.Node, OpInfo], claimed: set[fx.Node], rejected: list[Rejection], graph_path: str
+) -> list[Rejection]:
+    """A rejection for every BatchNorm that no chain folds and no rejected chain already explains."""
+    explained = {n for r in rejected for n in r.chain.nodes}
+    found = []
+    for node, info in infos.items():
+        if info.kind != "batch_norm" or node in claimed or node in explained:
+            continue
+        producer = info.data
+        kind = infos[producer].kind if producer in infos else None
+        if kind in ("conv2d", "linear"):
+            users = ", ".join(f"`{u.name}`" for u in producer.users)
+            reason = (
+                f"BatchNorm {describe_node(node)} is not folded: the {kind} {describe_node(producer)} before it "
+                f"also feeds other ops ({users}), or is fused in another chain"
+            )
+        else:
+            what = describe_node(producer) if isinstance(producer, fx.Node) else repr(producer)
+            reason = (
+                f"BatchNorm {describe_node(node)} follows {what}, not a conv or linear it could be folded into: "
+                "it runs as its own op"
+            )
+        chain = Chain(ChainPattern("batch_norm", ("batch_norm",)), [node], [info], graph_path)
+        found.append(Rejection(chain, reason))
+    return found
+
+
 def find_chains(
     gm: fx.GraphModule,
     graph_path: str = "",
@@ -110,6 +139,7 @@ def find_chains(
                         f"{describe_node(node)} is followed by {unsupported}, which no epilogue implements",
                     )
                 )
+    result.rejected += _unfolded_batchnorms(infos, claimed, result.rejected, graph_path)
     result.accepted.sort(key=lambda c: order[c.head])
     result.rejected.sort(key=lambda r: order[r.chain.head])
     return result

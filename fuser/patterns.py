@@ -44,6 +44,10 @@ PATTERNS: list[ChainPattern] = [
     ChainPattern("conv_act", ("conv2d", "add", "act")),
     # conv(+bias) -> act (squeeze-excitation convs, folded exports)
     ChainPattern("conv_act", ("conv2d", "act")),
+    # linear -> BN over its features -> act (timm LeViT's LinearNorm, MLP heads with BatchNorm1d): BN folded
+    ChainPattern("gemm_bn_act", ("linear", "batch_norm", "act")),
+    # linear -> BN over its features (BN folded into the linear's weight and bias)
+    ChainPattern("gemm_bn_act", ("linear", "batch_norm")),
     # linear -> act -> + residual -> * scale
     ChainPattern("gemm_epilogue", ("linear", "act", "add", "scale")),
     # linear -> act -> + residual (transformer MLP written as one block)

@@ -47,7 +47,7 @@ class ChainReport:
     @property
     def location(self) -> str:
         """The chain's modules, compacted to their common parent: ``model.2.cv1.{conv,bn,act}``."""
-        return compact_paths(self.modules)
+        return compact_paths(self.modules, has_add="add" in self.ops)
 
     @classmethod
     def from_chain(cls, chain: Chain, fused: bool, reason: str | None = None, kernel: str | None = None) -> ChainReport:
@@ -65,9 +65,12 @@ class ChainReport:
         )
 
 
-def compact_paths(paths: list[str]) -> str:
-    """``a.b.{conv,bn,act}`` for paths under one parent; a path that is a parent of the others (the module
-    whose forward does the residual add) is named after them: ``a.b.cv2.{conv,bn,act} + add in a.b``."""
+def compact_paths(paths: list[str], has_add: bool = True) -> str:
+    """``a.b.{conv,bn,act}`` for paths under one parent; in a chain with a residual add, a path that is a
+    parent of the others (the module whose forward does the add) is named after them:
+    ``a.b.cv2.{conv,bn,act} + add in a.b``."""
+    if not has_add:
+        return _compact(paths)
     parents = [p for p in paths if any(q.startswith(p + ".") for q in paths)]
     leaves = [p for p in paths if p not in parents]
     text = _compact(leaves)
@@ -155,7 +158,10 @@ class FusionReport:
             lines += ["", f"Rewritten to canonical forms: {fired}"]
         if self.untraced:
             lines += ["", "Not traced as a whole (their traceable parts were fused):"]
-            lines += [f"  {u.path} ({u.type_name}): {u.reason}" for u in self.untraced]
+            lines += [
+                f"  {u.path} ({u.type_name}): {u.reason}" + (f" [{u.detail}]" if u.detail else "")
+                for u in self.untraced
+            ]
         return "\n".join(lines)
 
     def __repr__(self) -> str:

@@ -41,26 +41,15 @@ def build_fused_module(
 ) -> FusedConv2d | FusedLinear:
     """The fused module that computes ``chain`` (BN folded in float64)."""
     source = chain.modules[0] if chain.modules else chain.head.name
-    if chain.infos[0].kind == "linear":
-        args = bind(chain.head, LINEAR_ARGS, LINEAR_DEFAULTS)
-        weight = constant_tensor(gm, args["weight"])
-        bias = constant_tensor(gm, args["bias"])
-        return FusedLinear(weight, bias, epilogue=chain.epilogue, precision=precision, backend=backend, source=source)
-
-    args = bind(chain.head, CONV_ARGS, CONV_DEFAULTS)
+    linear = chain.infos[0].kind == "linear"
+    args = bind(chain.head, LINEAR_ARGS, LINEAR_DEFAULTS) if linear else bind(chain.head, CONV_ARGS, CONV_DEFAULTS)
     weight = constant_tensor(gm, args["weight"])
     bias = constant_tensor(gm, args["bias"])
     found = chain.step("batch_norm")
     if found is not None:
-        bn = bind(found[0], BN_ARGS, BN_DEFAULTS)
-        params = BatchNormParams(
-            running_mean=constant_tensor(gm, bn["running_mean"]),
-            running_var=constant_tensor(gm, bn["running_var"]),
-            weight=constant_tensor(gm, bn["weight"]),
-            bias=constant_tensor(gm, bn["bias"]),
-            eps=float(bn["eps"]),
-        )
-        weight, bias = fold_batchnorm(weight, bias, params)
+        weight, bias = fold_batchnorm(weight, bias, _batchnorm_params(found[0], gm))
+    if linear:
+        return FusedLinear(weight, bias, epilogue=chain.epilogue, precision=precision, backend=backend, source=source)
     dilation = _pair(args["dilation"])
     return FusedConv2d(
         weight,
@@ -73,6 +62,21 @@ def build_fused_module(
         precision=precision,
         backend=backend,
         source=source,
+    )
+
+
+def _batchnorm_params(node: fx.Node, gm: fx.GraphModule) -> BatchNormParams:
+    """The constants of an eval BatchNorm: a canonical F.batch_norm call, or a BatchNorm1d module after a linear."""
+    if node.op == "call_module":
+        m = gm.get_submodule(str(node.target))
+        return BatchNormParams(m.running_mean, m.running_var, m.weight, m.bias, float(m.eps))
+    bn = bind(node, BN_ARGS, BN_DEFAULTS)
+    return BatchNormParams(
+        running_mean=constant_tensor(gm, bn["running_mean"]),
+        running_var=constant_tensor(gm, bn["running_var"]),
+        weight=constant_tensor(gm, bn["weight"]),
+        bias=constant_tensor(gm, bn["bias"]),
+        eps=float(bn["eps"]),
     )
 
 
@@ -98,10 +102,17 @@ def rewrite_chains(gm: fx.GraphModule, chains: list[Chain], precision: Precision
         name = _free_name(gm, module.source)
         gm.add_submodule(name, module)
         args = (chain.input,) if chain.residual is None else (chain.input, chain.residual)
-        with graph.inserting_before(chain.last):
+        readers = chain.metadata_readers
+        order = {n: i for i, n in enumerate(graph.nodes)} if readers else {}
+        # Before the chain's last node, or before the first metadata read of an interior value (which then
+        # reads the fused node: it has the same shape, dtype and device).
+        where = min([chain.last, *(u for _, u in readers)], key=lambda n: order.get(n, 0))
+        with graph.inserting_before(where):
             fused = graph.call_module(name, args)
         fused.meta = dict(chain.last.meta)
         fused.meta["fused_chain"] = " -> ".join(chain.ops)
+        for interior, reader in readers:
+            reader.replace_input_with(interior, fused)
         chain.last.replace_all_uses_with(fused)
         for node in reversed(chain.nodes):
             graph.erase_node(node)

@@ -1,4 +1,5 @@
-"""Test-wide setup: GPU tests are skipped, with the reason printed (-rs), where there is no CUDA."""
+"""Test-wide setup: GPU tests are skipped, with the reason printed (-rs), where there is no CUDA; fuser runs
+in strict mode (an internal error in a pass raises instead of leaving the graph unoptimized)."""
 
 from __future__ import annotations
 
@@ -26,3 +27,9 @@ def _default_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     """Correctness tests take each kernel's default tile config: measuring the candidates of every shape a
     whole model has would compile and time dozens of kernels per test. Tests of the tuning set it back."""
     monkeypatch.setenv("FUSER_AUTOTUNE", "0")
+
+
+@pytest.fixture(autouse=True)
+def _strict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FUSER_STRICT=1: a bug inside a pass fails the test instead of quietly leaving its graph unfused."""
+    monkeypatch.setenv("FUSER_STRICT", "1")

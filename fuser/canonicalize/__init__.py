@@ -18,10 +18,12 @@ import torch.fx as fx
 
 from fuser.canonicalize import activation_calls, activation_forms, gemm_forms, layers
 from fuser.canonicalize.driver import Context, Rule, run_rules
+from fuser.passthrough import PASSTHROUGH_RULES
 
 # Ordered: layer modules first (so activation rules see fresh producers), then GEMM forms, single-call
 # activations, and the written-out forms built on the canonical single calls.
 RULES: list[Rule] = [
+    *(Rule(*rule) for rule in PASSTHROUGH_RULES),  # ops that pass their value through vanish first
     *layers.RULES,
     *gemm_forms.RULES,
     *activation_calls.RULES,

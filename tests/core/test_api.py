@@ -67,7 +67,13 @@ def test_untraceable_model_is_fused_through_its_traceable_parts():
     x = torch.randn(1, 3, 21, 19)
     report = fuser.explain(model, (x,))
     assert [u.path for u in report.untraced] == ["(model)"]
-    assert "control flow" in report.untraced[0].reason
+    untraced = report.untraced[0]
+    assert untraced.reason == (
+        "its forward branches on a computed value (if, while, and, or); "
+        "its submodules were traced and optimized one by one instead"
+    )
+    assert "control flow" in untraced.detail  # torch.fx's own words, for a bug report
+    assert untraced.detail in str(report)
     assert len(report.fused) == 3
     assert {e.graph for e in report.fused} == {"stem", "blocks.0", "blocks.1"}
     assert report.fused[0].location == "stem.{conv,bn,act}"
@@ -209,6 +215,7 @@ def test_traced_graph_that_fails_where_eager_runs_is_left_alone():
     report = opt.fusion_report
     assert [u.path for u in report.untraced] == ["(model)"]
     assert "traced graph fails where its forward runs" in report.untraced[0].reason
+    assert report.untraced[0].detail.startswith("RuntimeError")
     assert not report.fused
     with torch.no_grad():
         assert_close(opt(x), reference64(model, x), "ieee")
@@ -221,11 +228,69 @@ def test_an_internal_failure_leaves_that_graph_unoptimized(monkeypatch):
         raise KeyError("simulated bug")
 
     monkeypatch.setattr(fuser.api, "find_chains", broken)
+    monkeypatch.delenv("FUSER_STRICT")
     model = seeded(Untraceable())
     x = torch.randn(1, 3, 21, 19)
-    opt = fuser.optimize(model, (x,), backend="torch")
+    with pytest.warns(RuntimeWarning, match="simulated bug"):
+        opt = fuser.optimize(model, (x,), backend="torch")
     assert not opt.fusion_report.fused
     reasons = [u.reason for u in opt.fusion_report.untraced]
     assert sum("simulated bug" in r and "please report" in r for r in reasons) == 3
     with torch.no_grad():
         assert_close(opt(x), reference64(model, x), "ieee")
+
+
+def test_strict_mode_raises_an_internal_failure(monkeypatch):
+    import fuser.api
+
+    def broken(*args, **kwargs):
+        raise KeyError("simulated bug")
+
+    monkeypatch.setattr(fuser.api, "find_chains", broken)
+    with pytest.raises(KeyError, match="simulated bug"):
+        fuser.optimize(seeded(ConvBnAct(nn.SiLU())), (torch.randn(1, 5, 9, 7),), backend="torch")
+
+
+@pytest.mark.parametrize(
+    ("forward", "sentence"),
+    [
+        (lambda self, x: [t for t in x], "loops over or unpacks a computed value"),
+        (lambda self, x: x[: len(x)], "calls len() on a computed value"),
+        (lambda self, x: x.new_zeros(int(x.shape[0])), "turns a computed value into a Python number"),
+    ],
+    ids=["iterate", "len", "int"],
+)
+def test_trace_failures_are_said_in_plain_words(forward, sentence):
+    leaf = type("Leaf", (nn.Module,), {"forward": forward})
+    report = fuser.explain(leaf())
+    (entry,) = report.untraced
+    assert sentence in entry.reason and entry.reason.endswith("it runs as it is")
+    assert "Proxy" not in entry.reason and entry.detail
+
+
+def test_partly_traced_detector_holds_no_dead_weights(tmp_path: Path):
+    from fuser.models import build, example_input
+
+    model = build("yolov8n", calibration_batch=2, calibration_size=32)
+    x = example_input("yolov8n", size=64)
+    opt = fuser.optimize(model, (x,), backend="torch")
+    assert opt.fusion_report.untraced and opt.fusion_report.fused  # partly traced: the head does not trace
+
+    def numel(m: nn.Module) -> int:
+        return sum(v.numel() for v in m.state_dict().values())
+
+    assert numel(opt) <= numel(model)
+
+    def count(m: nn.Module, kind: type) -> int:
+        return sum(isinstance(sub, kind) for sub in m.modules())
+
+    fused = opt.fusion_report.fused
+    assert count(opt, nn.Conv2d) == count(model, nn.Conv2d) - len(fused), "a replaced conv is kept"
+    folded = sum("batch_norm" in e.ops for e in fused)
+    assert count(opt, nn.BatchNorm2d) == count(model, nn.BatchNorm2d) - folded, "a folded BN is kept"
+    torch.save(model, tmp_path / "model.pt")
+    torch.save(opt, tmp_path / "opt.pt")
+    assert (tmp_path / "opt.pt").stat().st_size <= (tmp_path / "model.pt").stat().st_size
+    with torch.no_grad():
+        out, ref = opt(x), reference64(model, x)
+    assert_close(out[0] if isinstance(out, tuple) else out, ref[0] if isinstance(ref, tuple) else ref, "ieee")

@@ -194,3 +194,64 @@ def test_nan_and_inf_positions_match_eager(value):
     assert torch.equal(torch.isinf(out), torch.isinf(expected))
     finite = torch.isfinite(expected)
     assert_close(out[finite], expected[finite], "ieee")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tests that catch planted bugs: each failed with its bug planted (fold in float32, a guard removed).
+
+
+@pytest.mark.parametrize("eps", [1e-5, 0.7], ids=["eps-1e-5", "large-eps"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
+def test_batchnorm_fold_is_the_float64_fold_cast_once(eps, dtype):
+    from fuser.fold import BatchNormParams, fold_batchnorm
+
+    g = torch.Generator().manual_seed(3)
+    c_out = 37
+    weight = (torch.randn(c_out, 19, 3, 3, generator=g) * 0.3).to(dtype)
+    bias = (torch.randn(c_out, generator=g) * 0.5).to(dtype)
+    bn = BatchNormParams(
+        running_mean=(torch.randn(c_out, generator=g) * 0.7).to(dtype),
+        running_var=(torch.rand(c_out, generator=g) * 3 + 0.01).to(dtype),
+        weight=(torch.randn(c_out, generator=g) + 0.2).to(dtype),
+        bias=(torch.randn(c_out, generator=g) * 0.4).to(dtype),
+        eps=eps,
+    )
+    w64, b64 = weight.double(), bias.double()
+    scale = bn.weight.double() / torch.sqrt(bn.running_var.double() + eps)
+    expected_w = (w64 * scale.reshape(-1, 1, 1, 1)).to(dtype)
+    expected_b = ((b64 - bn.running_mean.double()) * scale + bn.bias.double()).to(dtype)
+    folded_w, folded_b = fold_batchnorm(weight, bias, bn)
+    assert folded_w.dtype == dtype and folded_b.dtype == dtype
+    assert torch.equal(folded_w, expected_w), "the fold is not the float64 fold cast to the weight dtype"
+    assert torch.equal(folded_b, expected_b), "the folded bias is not the float64 fold cast to the weight dtype"
+
+
+def test_bf16_input_under_autocast_with_float32_weights_is_rejected():
+    model = seeded(ConvBnAct(nn.SiLU()))
+    x = torch.randn(2, 5, 9, 11).to(torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        opt = fuser.optimize(model, (x,), backend="torch")
+        with torch.no_grad():
+            out, expected = opt(x), model(x)
+    entry = only_rejection(opt)
+    assert "torch.bfloat16 input" in entry.reason and "torch.float32 weights" in entry.reason
+    assert out.dtype == expected.dtype == torch.bfloat16
+    assert torch.equal(out, expected)  # the unfused ops run exactly as eager does
+    assert_close(out, reference64(model, x), "bf16")
+
+
+def test_value_added_to_itself_fuses_without_the_add():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(5, 7, 3, padding=1, bias=False)
+            self.bn = nn.BatchNorm2d(7)
+
+        def forward(self, x):
+            y = self.bn(self.conv(x))
+            return y + y
+
+    opt = optimize_and_compare(seeded(M()), torch.randn(2, 5, 9, 7))
+    report = opt.fusion_report
+    assert [e.ops for e in report.fused] == [["conv2d", "batch_norm"]], str(report)
+    assert not report.untraced, str(report)
