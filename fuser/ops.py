@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from fuser import calls
 from fuser.backends import (
     BACKENDS,
     check_backend,
@@ -28,7 +29,6 @@ from fuser.backends import (
     is_decomposed,
     resolve_backend,
 )
-from fuser import calls
 from fuser.conv_geometry import ConvGeometry, conv_output_size, conv_padding
 from fuser.kernels.epilogue import Activation, Epilogue, Residual
 from fuser.kernels.precision import Precision
@@ -84,7 +84,14 @@ def _conv2d_spec(
 
 def gemm_op_args(epilogue: Epilogue, precision: Precision, backend: str) -> tuple:
     """The non-tensor arguments of ``fuser::gemm_act``, in its schema's order."""
-    return int(epilogue.act), float(epilogue.alpha), int(epilogue.residual), float(epilogue.scale), precision.value, backend
+    return (
+        int(epilogue.act),
+        float(epilogue.alpha),
+        int(epilogue.residual),
+        float(epilogue.scale),
+        precision.value,
+        backend,
+    )
 
 
 def _gemm_spec(
