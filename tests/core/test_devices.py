@@ -74,7 +74,7 @@ def test_save_and_load_round_trip_rebuilds_what_is_derived(optimized):
 
 
 def test_moving_between_devices_derives_everything_again(optimized):
-    model, x, opt = optimized
+    _, x, opt = optimized
     with torch.no_grad():
         before = opt(x)
     state = {name: t.clone() for name, t in opt.state_dict().items()}
@@ -115,7 +115,7 @@ def test_a_cast_packs_again_in_the_new_dtype(optimized):
 
 
 def test_weights_written_in_place_are_packed_again_on_the_next_eager_call(optimized):
-    model, x, opt = optimized
+    _, x, opt = optimized
     other = seeded(ConvAndLinear(), seed=5)
     with torch.no_grad():
         opt(x)
