@@ -42,7 +42,7 @@ class OptimizedModule(nn.Module):
         fusion_report: FusionReport,
         precision: Precision,
         backend: str,
-        cuda_graphs: bool = False,
+        cuda_graphs: bool = True,
     ) -> None:
         super().__init__()
         self.module = module
@@ -52,10 +52,17 @@ class OptimizedModule(nn.Module):
         self.replay = GraphReplay(module) if cuda_graphs else None
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():  # the compiler traces the model itself, and records its own graphs
+            return self.module(*args, **kwargs)
         with torch_precision(self.precision):
             if self.replay is not None and not kwargs:
                 return self.replay(*args)
             return self.module(*args, **kwargs)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> nn.Module:
+        if self.replay is not None:
+            self.replay.clear()  # a recorded graph replays the addresses of the tensors it was recorded with
+        return super()._apply(fn, recurse)
 
     def extra_repr(self) -> str:
         return f"fused={len(self.fusion_report.fused)}, precision={self.precision.value}, backend={self.backend}"
@@ -68,7 +75,7 @@ def optimize(
     precision: str = "tf32",
     backend: str = "auto",
     inplace: bool = False,
-    cuda_graphs: bool = False,
+    cuda_graphs: bool = True,
 ) -> OptimizedModule:
     """Return a module that computes the same function as ``model`` with its chains fused.
 
@@ -84,9 +91,11 @@ def optimize(
             measured on the first call), "interpret" (the same kernels in Triton's interpreter, on CPU) or
             "torch" (the reference).
         inplace: allow ``model`` itself to be used and changed instead of a copy (saves the memory of a copy).
-        cuda_graphs: on CUDA inputs under ``torch.no_grad()``, record the forward as a CUDA graph once per
-            input shape and replay it (fuser.cuda_graphs): one launch instead of one per kernel, which is
-            what wins at batch 1. Off by default: each recorded graph keeps its own memory.
+        cuda_graphs: on CUDA inputs under ``torch.no_grad()`` / ``torch.inference_mode()``, record the forward
+            as a CUDA graph once per input signature (at most 4 kept, each with its own memory) and replay it
+            (fuser.cuda_graphs): one launch instead of one per kernel, which is what wins at batch 1. A forward
+            that cannot be recorded runs with plain launches after one warning. Off under torch.compile,
+            which records its own (mode="reduce-overhead"); ``False`` switches it off.
 
     The result carries ``.fusion_report``. Chains that fail a guard stay unfused and are listed, with the reason,
     in ``.fusion_report.rejected``.

@@ -2,8 +2,21 @@
 
 ``FusedConv2d`` replaces conv [-> BN] [-> act] [-> +residual]; ``FusedLinear`` replaces linear / matmul
 [-> +bias] [-> act] [-> +residual] [-> *scale]. Their ``weight`` and ``bias`` buffers are new tensors (the
-user's parameters are never written). The weight packed for the kernels is derived on first use per device
-and dtype and is not saved: ``torch.save`` stores the plain folded weight.
+user's parameters are never written). Each carries its spec objects whole (:class:`ConvGeometry`,
+:class:`Epilogue`, :class:`Precision`) to the call that runs it.
+
+The weight packed for the kernels is the non-persistent buffer ``packed``, derived from ``weight`` when the
+module is built, moved or cast (``.to()``, ``.cuda()``, ``.half()``), loaded (``load_state_dict``,
+``torch.load``), and on an eager call that finds the weight written in place. It is therefore always on the
+weight's device, and ``torch.save`` stores only the plain folded weight. Where the backend runs the torch
+reference on the weight's device (backend "auto" on the CPU), there is no packed copy.
+
+Two ways through ``forward``, the same answer:
+- under torch.compile / torch.export (and torch.jit.trace, and for inputs that need gradients) it is one
+  call of the custom op (fuser.ops) on the module's buffers and constant arguments, nothing else, so the
+  compiler sees one opaque op and no graph break;
+- called eagerly it runs the op's code directly (fuser.calls), keeping the call per input signature: on a
+  small layer the custom op's dispatch costs more host time than the kernel takes on the GPU.
 """
 
 from __future__ import annotations
@@ -13,18 +26,23 @@ from typing import Any
 import torch
 from torch import nn
 
-from fuser import kernel_dispatch, ops
+from fuser import calls, cuda_graphs, kernel_dispatch, ops
+from fuser.backends import KERNEL_DTYPES, check_backend, is_decomposed, uses_kernels
+from fuser.calls import Call
+from fuser.conv_geometry import ConvGeometry
 from fuser.kernels.epilogue import Epilogue
 from fuser.kernels.precision import Precision
+from fuser.references import conv2d_reference, gemm_reference
 
 _MAX_CALLS = 16  # input signatures whose calls a fused module keeps
 
 
 class _FusedBase(nn.Module):
-    """Shared state: folded weight and bias, the epilogue, the precision and the backend."""
+    """Shared state: folded weight and bias, their packed copy, the epilogue, the precision and the backend."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None
+    packed: torch.Tensor | None
 
     def __init__(
         self,
@@ -39,15 +57,14 @@ class _FusedBase(nn.Module):
         # Never written in place, so the folded (new) tensors are kept as they are, not copied again.
         self.register_buffer("weight", weight.detach())
         self.register_buffer("bias", None if bias is None else bias.detach())
+        self.register_buffer("packed", None, persistent=False)
         self.epilogue = epilogue
         self.precision = Precision.parse(precision)
-        self.backend = ops.check_backend(backend)
+        self.backend = check_backend(backend)
         self.source = source
-        self._packed: dict[tuple[Any, ...], torch.Tensor | None] = {}
-        self._calls: dict[tuple[Any, ...], ops.Call] = {}
-
-    def _pack(self) -> torch.Tensor | None:
-        raise NotImplementedError
+        self._calls: dict[tuple[Any, ...], Call] = {}
+        self._op_args: tuple = ()
+        self._packed_from: tuple[int, int] = (0, -1)
 
     @property
     def kernel_precision(self) -> Precision:
@@ -58,29 +75,56 @@ class _FusedBase(nn.Module):
             return native
         return self.precision
 
-    def packed_weight(self, device: torch.device) -> torch.Tensor | None:
-        """The weight packed for the kernels on ``device``, or None when the reference path runs there."""
-        if ops.resolve_backend(self.backend, device) == "torch":
-            return None
-        key = (self.weight.device, self.weight.dtype, self.weight.data_ptr(), self.weight._version)
-        if key not in self._packed:
-            self._packed.clear()
-            self._packed[key] = self._pack()
-        return self._packed[key]
-
-    def _make_call(self, x: torch.Tensor, residual: torch.Tensor | None) -> ops.Call:
+    def _pack(self, weight: torch.Tensor) -> torch.Tensor | None:
         raise NotImplementedError
 
-    def _call(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor | None:
-        """The op run directly, without the custom op's dispatch, or None where the custom op must run.
+    def _make_op_args(self) -> tuple:
+        raise NotImplementedError
 
-        The custom op is what torch.compile, torch.export and tracers see; a plain eager call gets the
-        same result from the same code (``ops.*_call``) with the per-signature decisions cached here, as
-        on a small layer the dispatch costs more host time than the kernel takes on the GPU."""
-        if type(x) is not torch.Tensor or torch.compiler.is_compiling() or torch.jit.is_tracing():
+    def _make_call(self, x: torch.Tensor, residual: torch.Tensor | None) -> Call:
+        raise NotImplementedError
+
+    def _reference(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _refresh(self) -> None:
+        """Derive everything that depends on the weight: the packed copy (on the weight's device), the custom
+        op's arguments; and forget the calls, which hold the tensors they were built for."""
+        weight = self._buffers["weight"]
+        packed = None
+        if uses_kernels(self.backend, weight.device) and weight.dtype in KERNEL_DTYPES:
+            packed = self._pack(weight)
+        self._buffers["packed"] = packed
+        self._packed_from = (weight.data_ptr(), weight._version)
+        self._op_args = self._make_op_args()
+        self._calls = {}
+
+    def _renew(self) -> None:
+        """:meth:`_refresh` where tensors a recorded CUDA graph may read are replaced."""
+        self._refresh()
+        cuda_graphs.invalidate()
+
+    def _apply(self, fn: Any, recurse: bool = True) -> nn.Module:
+        self._buffers["packed"] = None  # derived again from the moved weight rather than moved itself
+        module = super()._apply(fn, recurse)
+        self._renew()
+        return module
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._renew()
+
+    def _op_inputs(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple:
+        return (x, self.weight, self.bias, residual, self.packed, *self._op_args)
+
+    def _eager(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor | None:
+        """The op run directly, without the custom op's dispatch, or None where the custom op must run."""
+        if is_decomposed():
+            return self._reference(x, residual)
+        if type(x) is not torch.Tensor or torch.jit.is_tracing():
             return None
         if torch.is_grad_enabled() and x.requires_grad:
-            return None  # the custom op has no autograd formula and says so; a direct call would drop it silently
+            return None  # the custom op's autograd formula says that fuser is for inference; a direct call would not
         if residual is not None and type(residual) is not torch.Tensor:
             return None
         buffers = self._buffers  # not self.weight: nn.Module.__getattr__ costs microseconds per access
@@ -99,6 +143,9 @@ class _FusedBase(nn.Module):
         calls = self.__dict__["_calls"]
         call = calls.get(key)
         if call is None:
+            if self.__dict__["_packed_from"] != (weight.data_ptr(), weight._version):
+                self._renew()  # the weight was replaced or written in place since it was packed
+                calls = self.__dict__["_calls"]
             call = self._make_call(x, residual)
             if x.is_cuda and torch.cuda.is_current_stream_capturing():
                 return call(x, residual)  # a choice made during CUDA-graph capture is provisional
@@ -109,13 +156,15 @@ class _FusedBase(nn.Module):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_packed"] = {}  # derived data: rebuilt on first use after loading
+        state["_buffers"] = {**self._buffers, "packed": None}  # derived data: rebuilt when loaded
         state["_calls"] = {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        state.setdefault("_calls", {})
         super().__setstate__(state)
+        self._buffers.setdefault("packed", None)
+        self._non_persistent_buffers_set.add("packed")
+        self._refresh()
 
 
 class FusedConv2d(_FusedBase):
@@ -138,55 +187,47 @@ class FusedConv2d(_FusedBase):
         super().__init__(weight, bias, epilogue, precision, backend, source)
         if weight.dim() != 4:
             raise ValueError(f"FusedConv2d needs a 4-D weight, got shape {tuple(weight.shape)}")
-        self.stride = tuple(stride)
-        self.padding = tuple(padding)
-        self.dilation = tuple(dilation)
-        self.groups = int(groups)
+        self.geometry = ConvGeometry(tuple(stride), tuple(padding), tuple(dilation), groups)  # type: ignore[arg-type]
+        self._refresh()
 
-    def _pack(self) -> torch.Tensor | None:
-        return kernel_dispatch.pack_conv(self.weight, self.groups, self.kernel_precision)
+    @property
+    def stride(self) -> tuple[int, int]:
+        return self.geometry.stride
 
-    def _make_call(self, x: torch.Tensor, residual: torch.Tensor | None) -> ops.Call:
-        return ops.conv2d_call(
-            x,
-            self.weight,
-            self.bias,
-            residual,
-            self.packed_weight(x.device),
-            self.stride,
-            self.padding,
-            self.dilation,
-            self.groups,
-            self.epilogue,
-            self.kernel_precision,
+    @property
+    def padding(self) -> tuple[int, int, int, int]:
+        return self.geometry.padding
+
+    @property
+    def dilation(self) -> tuple[int, int]:
+        return self.geometry.dilation
+
+    @property
+    def groups(self) -> int:
+        return self.geometry.groups
+
+    def _pack(self, weight: torch.Tensor) -> torch.Tensor | None:
+        return kernel_dispatch.pack_conv(weight, self.geometry.groups, self.kernel_precision)
+
+    def _make_op_args(self) -> tuple:
+        return ops.conv2d_op_args(self.geometry, self.epilogue, self.kernel_precision, self.backend)
+
+    def _make_call(self, x: torch.Tensor, residual: torch.Tensor | None) -> Call:
+        b = self._buffers
+        return calls.conv2d_call(
+            x, b["weight"], b["bias"], residual, b["packed"], self.geometry, self.epilogue, self.kernel_precision,
             self.backend,
-        )
+        )  # fmt: skip
+
+    def _reference(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        return conv2d_reference(x, self.weight, self.bias, residual, self.geometry, self.epilogue)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        e = self.epilogue
-        if ops.is_decomposed():
-            return ops.conv2d_reference(
-                x, self.weight, self.bias, residual, self.stride, self.padding, self.dilation, self.groups, e
-            )
-        out = self._call(x, residual)
-        if out is not None:
-            return out
-        return torch.ops.fuser.conv2d_act(
-            x,
-            self.weight,
-            self.bias,
-            residual,
-            self.packed_weight(x.device),
-            self.stride,
-            self.padding,
-            self.dilation,
-            self.groups,
-            int(e.act),
-            e.alpha,
-            int(e.residual),
-            self.kernel_precision.value,
-            self.backend,
-        )
+        if not torch.compiler.is_compiling():
+            out = self._eager(x, residual)
+            if out is not None:
+                return out
+        return torch.ops.fuser.conv2d_act(x, self.weight, self.bias, residual, self.packed, *self._op_args)
 
     def extra_repr(self) -> str:
         c_out, c_in, kh, kw = self.weight.shape
@@ -213,42 +254,29 @@ class FusedLinear(_FusedBase):
         super().__init__(weight, bias, epilogue, precision, backend, source)
         if weight.dim() != 2:
             raise ValueError(f"FusedLinear needs a 2-D weight, got shape {tuple(weight.shape)}")
+        self._refresh()
 
-    def _pack(self) -> torch.Tensor | None:
-        return kernel_dispatch.pack_gemm(self.weight, self.kernel_precision)
+    def _pack(self, weight: torch.Tensor) -> torch.Tensor | None:
+        return kernel_dispatch.pack_gemm(weight, self.kernel_precision)
 
-    def _make_call(self, x: torch.Tensor, residual: torch.Tensor | None) -> ops.Call:
-        return ops.gemm_call(
-            x,
-            self.weight,
-            self.bias,
-            residual,
-            self.packed_weight(x.device),
-            self.epilogue,
-            self.kernel_precision,
-            self.backend,
+    def _make_op_args(self) -> tuple:
+        return ops.gemm_op_args(self.epilogue, self.kernel_precision, self.backend)
+
+    def _make_call(self, x: torch.Tensor, residual: torch.Tensor | None) -> Call:
+        b = self._buffers
+        return calls.gemm_call(
+            x, b["weight"], b["bias"], residual, b["packed"], self.epilogue, self.kernel_precision, self.backend
         )
+
+    def _reference(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        return gemm_reference(x, self.weight, self.bias, residual, self.epilogue)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        e = self.epilogue
-        if ops.is_decomposed():
-            return ops.gemm_reference(x, self.weight, self.bias, residual, e)
-        out = self._call(x, residual)
-        if out is not None:
-            return out
-        return torch.ops.fuser.gemm_act(
-            x,
-            self.weight,
-            self.bias,
-            residual,
-            self.packed_weight(x.device),
-            int(e.act),
-            e.alpha,
-            int(e.residual),
-            e.scale,
-            self.kernel_precision.value,
-            self.backend,
-        )
+        if not torch.compiler.is_compiling():
+            out = self._eager(x, residual)
+            if out is not None:
+                return out
+        return torch.ops.fuser.gemm_act(x, self.weight, self.bias, residual, self.packed, *self._op_args)
 
     def extra_repr(self) -> str:
         n, k = self.weight.shape

@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from fuser.backends import KERNEL_DTYPES
+from fuser.conv_geometry import ConvGeometry
 from fuser.kernels.epilogue import Epilogue
 from fuser.kernels.precision import Precision
 
@@ -64,7 +66,6 @@ def _residual_fits(residual: torch.Tensor | None, out_shape: Sequence[int]) -> b
         return False
 
 
-KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # float64 models run the reference
 Call = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
@@ -74,10 +75,7 @@ def conv2d(
     bias: torch.Tensor | None,
     residual: torch.Tensor | None,
     packed: torch.Tensor | None,
-    stride: Sequence[int],
-    padding: Sequence[int],
-    dilation: Sequence[int],
-    groups: int,
+    geometry: ConvGeometry,
     epilogue: Epilogue,
     precision: Precision,
     *,
@@ -85,14 +83,14 @@ def conv2d(
 ) -> Call | None:
     """``call(x, residual)`` running the kernel for every call shaped like this one, or None."""
     from fuser import kernels
-    from fuser.ops import conv_output_size
 
+    groups = geometry.groups
     c_out, c_in_per_group, kh, kw = weight.shape
     if not kernels.conv2d_supported(c_in_per_group * groups, c_out, groups) or x.dim() != 4:
         return None
     if x.dtype not in KERNEL_DTYPES or weight.dtype not in KERNEL_DTYPES:
         return None
-    oh, ow = conv_output_size(x.shape[2:], (kh, kw), stride, padding, dilation)
+    oh, ow = geometry.output_size(x.shape[2:], (kh, kw))
     if not _residual_fits(residual, (x.shape[0], c_out, oh, ow)):
         return None
     if packed is None:
@@ -104,9 +102,9 @@ def conv2d(
         x,
         packed_weight,
         bias,
-        stride=tuple(stride),
-        padding=tuple(padding),
-        dilation=tuple(dilation),
+        stride=geometry.stride,
+        padding=geometry.padding,
+        dilation=geometry.dilation,
         epilogue=epilogue,
         residual=residual,
         interpret=interpret,

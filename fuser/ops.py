@@ -1,272 +1,103 @@
-"""The fused ops: ``fuser::conv2d_act`` and ``fuser::gemm_act``, as ``torch.library`` custom ops.
+"""The fused ops as ``torch.library`` custom ops: ``fuser::conv2d_act`` and ``fuser::gemm_act``.
 
-A rewritten chain calls one of these through its fused module (fuser.fused_modules). Each op has
-- a fake (meta) implementation, so torch.compile and torch.export see the output's shape, dtype and layout;
-- a reference implementation in plain torch (the "torch" backend and the oracle of the tests);
-- the Triton kernels of ``fuser.kernels``, compiled ("triton", CUDA tensors) or run by Triton's interpreter
-  ("interpret", CPU tensors).
+A fused module (fuser.fused_modules) calls one of these wherever its op must be visible as one opaque op:
+under torch.compile, torch.export and torch.jit.trace, and for inputs that need gradients. Each op has
+- a fake (meta) implementation, so torch.compile and torch.export see the output's shape, dtype and layout
+  without running it (Inductor keeps the op opaque and fuses what lies around it);
+- a real implementation that builds the same call the fused module's eager shortcut runs (fuser.calls);
+- an autograd formula that says, in fuser's words, that the fused ops are for inference.
 
-The backend is chosen per call: "auto" runs the compiled kernels on CUDA tensors and the reference on CPU
-tensors; "measured" picks per call signature between the kernel and cuDNN/cuBLAS (fuser.path_choice).
-Inside :func:`decomposed` the fused modules skip the custom ops and run the reference code directly, so an
-exporter (torch.onnx) records standard ops.
+A schema holds only tensors, ints, floats and strings, so the spec objects a fused module carries (its
+:class:`ConvGeometry`, :class:`Epilogue` and :class:`Precision`, and the backend name) are flattened into
+the op's arguments by :func:`conv2d_op_args` / :func:`gemm_op_args` and restored by :func:`_conv2d_spec` /
+:func:`_gemm_spec`: the only place that knows the order.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from fuser import path_choice
-from fuser.kernels.epilogue import Activation, Epilogue, Residual, apply_epilogue_torch
+from fuser import calls
+from fuser.backends import (
+    BACKENDS,
+    check_backend,
+    conv_output_memory_format,
+    decomposed,
+    is_decomposed,
+    resolve_backend,
+)
+from fuser.conv_geometry import ConvGeometry, conv_output_size, conv_padding
+from fuser.kernels.epilogue import Activation, Epilogue, Residual
 from fuser.kernels.precision import Precision
 
-BACKENDS = ("auto", "triton", "measured", "interpret", "torch")
+# Names other modules import from here; they live in fuser.backends and fuser.conv_geometry.
+__all__ = [
+    "BACKENDS",
+    "check_backend",
+    "conv2d_op_args",
+    "conv_output_size",
+    "conv_padding",
+    "decomposed",
+    "gemm_op_args",
+    "is_decomposed",
+    "resolve_backend",
+]
 
-_state = threading.local()
-
-
-@contextlib.contextmanager
-def decomposed() -> Iterator[None]:
-    """Within this context, fused modules run plain torch code instead of the custom ops (for exporters)."""
-    previous = getattr(_state, "decomposed", False)
-    _state.decomposed = True
-    try:
-        yield
-    finally:
-        _state.decomposed = previous
-
-
-def is_decomposed() -> bool:
-    return getattr(_state, "decomposed", False)
+# ---------------------------------------------------------------------------------------------------------
+# The spec objects <-> the schema's flat arguments
 
 
-def check_backend(backend: str) -> str:
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; expected one of {', '.join(map(repr, BACKENDS))}")
-    return backend
+def conv2d_op_args(geometry: ConvGeometry, epilogue: Epilogue, precision: Precision, backend: str) -> tuple:
+    """The non-tensor arguments of ``fuser::conv2d_act``, in its schema's order."""
+    return (
+        geometry.stride,
+        geometry.padding,
+        geometry.dilation,
+        geometry.groups,
+        int(epilogue.act),
+        float(epilogue.alpha),
+        int(epilogue.residual),
+        float(epilogue.scale),
+        precision.value,
+        backend,
+    )
 
 
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """The backend that runs on ``device``: "auto" becomes "triton" on CUDA and "torch" elsewhere.
-
-    "measured" (CUDA only) runs, per call signature, the faster of the Triton kernel and the vendor library
-    on the folded weights (fuser.path_choice); it is not the default because on the models of
-    benchmarks/gpu_models.py the Triton kernels alone were faster (benchmarks/results)."""
-    if backend == "auto":
-        return "triton" if device.type == "cuda" else "torch"
-    if backend in ("triton", "measured") and device.type != "cuda":
-        raise ValueError(
-            f"backend={backend!r} runs compiled kernels on CUDA tensors, but the input is on {device}; "
-            "use backend='interpret' to run the same kernels on the CPU, or 'torch' for the reference"
-        )
-    if backend == "interpret" and device.type != "cpu":
-        raise ValueError(f"backend='interpret' runs Triton's interpreter on CPU tensors, but the input is on {device}")
-    return backend
-
-
-def conv_padding(
-    padding: str | int | Sequence[int], kernel_size: Sequence[int], dilation: Sequence[int]
-) -> tuple[int, int, int, int]:
-    """Any conv padding (int, pair, 4-tuple, "same", "valid") as (top, bottom, left, right)."""
-    if isinstance(padding, str):
-        if padding == "valid":
-            return (0, 0, 0, 0)
-        if padding != "same":
-            raise ValueError(f"unknown conv padding {padding!r}")
-        pads = []
-        for k, d in zip(kernel_size, dilation, strict=True):
-            total = d * (k - 1)  # torch's "same": the extra pixel of an even kernel goes bottom/right
-            pads += [total // 2, total - total // 2]
-        return (pads[0], pads[1], pads[2], pads[3])
-    if isinstance(padding, int):
-        return (padding, padding, padding, padding)
-    padding = tuple(int(p) for p in padding)
-    if len(padding) == 2:
-        return (padding[0], padding[0], padding[1], padding[1])
-    if len(padding) == 4:
-        return padding  # type: ignore[return-value]
-    raise ValueError(f"conv padding must have 1, 2 or 4 values, got {padding!r}")
-
-
-def conv_output_size(
-    size: Sequence[int],
-    kernel_size: Sequence[int],
-    stride: Sequence[int],
-    padding4: Sequence[int],
-    dilation: Sequence[int],
-) -> tuple[int, int]:
-    """(OH, OW) of a conv with (top, bottom, left, right) padding."""
-    out = []
-    for i in range(2):
-        padded = size[i] + padding4[2 * i] + padding4[2 * i + 1]
-        out.append((padded - dilation[i] * (kernel_size[i] - 1) - 1) // stride[i] + 1)
-    return out[0], out[1]
-
-
-def _round_operands(precision: Precision, *tensors: torch.Tensor) -> list[torch.Tensor]:
-    """Round float32 operands the way the kernels do under bf16/fp16 (cast, then compute in float32)."""
-    dtype = precision.operand_dtype
-    if dtype is None:
-        return list(tensors)
-    return [t.to(dtype).to(t.dtype) if t.dtype == torch.float32 else t for t in tensors]
-
-
-def conv2d_reference(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    residual: torch.Tensor | None,
+def _conv2d_spec(
     stride: Sequence[int],
     padding: Sequence[int],
     dilation: Sequence[int],
     groups: int,
-    epilogue: Epilogue,
-    precision: Precision = Precision.IEEE,
-) -> torch.Tensor:
-    """``epilogue(conv2d(x, weight) + bias)`` in plain torch; padding is (top, bottom, left, right)."""
-    x_, w_ = _round_operands(precision, x, weight)
-    top, bottom, left, right = padding
-    if top == bottom and left == right:
-        y = F.conv2d(x_, w_, bias, tuple(stride), (top, left), tuple(dilation), groups)
-    else:
-        y = F.conv2d(F.pad(x_, (left, right, top, bottom)), w_, bias, tuple(stride), 0, tuple(dilation), groups)
-    return apply_epilogue_torch(y, None, epilogue, residual)  # the bias went into the conv: one op fewer
-
-
-def gemm_reference(
-    a: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    residual: torch.Tensor | None,
-    epilogue: Epilogue,
-    precision: Precision = Precision.IEEE,
-) -> torch.Tensor:
-    """``epilogue(a @ weight.T + bias)`` in plain torch."""
-    a_, w_ = _round_operands(precision, a, weight)
-    return apply_epilogue_torch(F.linear(a_, w_, bias), None, epilogue, residual)
-
-
-def _as_output(y: torch.Tensor, dtype: torch.dtype, memory_format: torch.memory_format) -> torch.Tensor:
-    """``y`` in the op's promised dtype and layout, copying only when it is not already so."""
-    if y.dtype != dtype:
-        y = y.to(dtype)
-    if not y.is_contiguous(memory_format=memory_format):
-        y = y.contiguous(memory_format=memory_format)
-    return y
-
-
-def _epilogue(act: int, alpha: float, residual_mode: int, scale: float) -> Epilogue:
-    return Epilogue(Activation(act), alpha, Residual(residual_mode), scale)
-
-
-def conv_output_memory_format(x: torch.Tensor, backend: str) -> torch.memory_format:
-    """The kernels write NHWC; the reference keeps the layout F.conv2d picks for ``x``."""
-    if resolve_backend(backend, x.device) != "torch" or x.is_contiguous(memory_format=torch.channels_last):
-        return torch.channels_last
-    return torch.contiguous_format
-
-
-Call = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
-
-
-def _pick(
+    act: int,
+    alpha: float,
+    residual_mode: int,
+    scale: float,
+    precision: str,
     backend: str,
-    kernel: Call | None,
-    library: Call,
-    signature: Callable[[], tuple],
-    x: torch.Tensor,
-    residual: torch.Tensor | None,
-) -> Call:
-    """The call a resolved ``backend`` runs: the library where no kernel covers the call, under "measured"
-    whichever of the two path_choice finds faster for ``signature()``, otherwise the kernel."""
-    if kernel is None:
-        return library
-    if backend == "measured":
-        chosen = path_choice.choose(signature(), lambda: kernel(x, residual), lambda: library(x, residual))
-        return library if chosen == path_choice.LIBRARY else kernel
-    return kernel
+) -> tuple[ConvGeometry, Epilogue, Precision, str]:
+    geometry = ConvGeometry(tuple(stride), tuple(padding), tuple(dilation), groups)  # type: ignore[arg-type]
+    return geometry, Epilogue(Activation(act), alpha, Residual(residual_mode), scale), Precision(precision), backend
 
 
-def conv2d_call(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    residual: torch.Tensor | None,
-    packed_weight: torch.Tensor | None,
-    stride: Sequence[int],
-    padding: Sequence[int],
-    dilation: Sequence[int],
-    groups: int,
-    epilogue: Epilogue,
-    precision: Precision,
-    backend: str,
-) -> Call:
-    """``call(x, residual)`` computing ``fuser::conv2d_act`` for every call shaped like this one.
-
-    Every decision that depends only on the call's signature (backend, kernel or library, launch plan) is
-    taken here, once; the fused modules keep the call per input signature so that a repeated forward
-    only launches (the custom op builds it on every call)."""
-    chosen = resolve_backend(backend, x.device)
-    memory_format = conv_output_memory_format(x, backend)
-
-    def library(x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-        y = conv2d_reference(x, weight, bias, residual, stride, padding, dilation, groups, epilogue, precision)
-        return _as_output(y, x.dtype, memory_format)
-
-    if chosen == "torch":
-        return library
-    from fuser import kernel_dispatch
-
-    kernel = kernel_dispatch.conv2d(
-        x,
-        weight,
-        bias,
-        residual,
-        packed_weight,
-        stride,
-        padding,
-        dilation,
-        groups,
-        epilogue,
-        precision,
-        interpret=chosen == "interpret",
+def gemm_op_args(epilogue: Epilogue, precision: Precision, backend: str) -> tuple:
+    """The non-tensor arguments of ``fuser::gemm_act``, in its schema's order."""
+    return (
+        int(epilogue.act),
+        float(epilogue.alpha),
+        int(epilogue.residual),
+        float(epilogue.scale),
+        precision.value,
+        backend,
     )
-    extra = ("conv2d", *stride, *padding, *dilation, groups, epilogue, precision.value)
-    return _pick(chosen, kernel, library, lambda: path_choice.signature(x, weight, residual, extra=extra), x, residual)
 
 
-def gemm_call(
-    a: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    residual: torch.Tensor | None,
-    packed_weight: torch.Tensor | None,
-    epilogue: Epilogue,
-    precision: Precision,
-    backend: str,
-) -> Call:
-    """``call(a, residual)`` computing ``fuser::gemm_act`` for every call shaped like this one (see
-    :func:`conv2d_call`)."""
-    chosen = resolve_backend(backend, a.device)
-
-    def library(a: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-        y = gemm_reference(a, weight, bias, residual, epilogue, precision)
-        return _as_output(y, a.dtype, torch.contiguous_format)
-
-    if chosen == "torch":
-        return library
-    from fuser import kernel_dispatch
-
-    kernel = kernel_dispatch.gemm(
-        a, weight, bias, residual, packed_weight, epilogue, precision, interpret=chosen == "interpret"
-    )
-    extra = ("gemm", epilogue, precision.value)
-    return _pick(chosen, kernel, library, lambda: path_choice.signature(a, weight, residual, extra=extra), a, residual)
+def _gemm_spec(
+    act: int, alpha: float, residual_mode: int, scale: float, precision: str, backend: str
+) -> tuple[Epilogue, Precision, str]:
+    return Epilogue(Activation(act), alpha, Residual(residual_mode), scale), Precision(precision), backend
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -287,51 +118,27 @@ def conv2d_act(
     act: int,
     alpha: float,
     residual_mode: int,
+    scale: float,
     precision: str,
     backend: str,
 ) -> torch.Tensor:
     """``epilogue(conv2d(x, weight) + bias)``; padding is (top, bottom, left, right).
 
     ``packed_weight`` is ``weight`` packed for the kernels (fuser.kernels.pack_conv_weight), or None; the
-    reference path ignores it. Output layout: see :func:`conv_output_memory_format`.
+    reference path ignores it. Output layout: see :func:`fuser.backends.conv_output_memory_format`.
     """
-    call = conv2d_call(
-        x,
-        weight,
-        bias,
-        residual,
-        packed_weight,
-        stride,
-        padding,
-        dilation,
-        groups,
-        _epilogue(act, alpha, residual_mode, 1.0),
-        Precision(precision),
-        backend,
+    geometry, epilogue, policy, backend = _conv2d_spec(
+        stride, padding, dilation, groups, act, alpha, residual_mode, scale, precision, backend
     )
+    call = calls.conv2d_call(x, weight, bias, residual, packed_weight, geometry, epilogue, policy, backend)
     return call(x, residual)
 
 
 @conv2d_act.register_fake
-def _conv2d_act_fake(
-    x,
-    weight,
-    bias,
-    residual,
-    packed_weight,
-    stride,
-    padding,
-    dilation,
-    groups,
-    act,
-    alpha,
-    residual_mode,
-    precision,
-    backend,
-):
+def _conv2d_act_fake(x, weight, bias, residual, packed_weight, stride, padding, dilation, groups, *rest):
     oh, ow = conv_output_size(x.shape[2:], weight.shape[2:], stride, padding, dilation)
     out = x.new_empty((x.shape[0], weight.shape[0], oh, ow))
-    return out.contiguous(memory_format=conv_output_memory_format(x, backend))
+    return out.contiguous(memory_format=conv_output_memory_format(x, rest[-1]))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -353,19 +160,54 @@ def gemm_act(
     backend: str,
 ) -> torch.Tensor:
     """``epilogue(a @ weight.T + bias)`` for ``a`` of shape [..., K] and ``weight`` [N, K]."""
-    call = gemm_call(
-        a,
-        weight,
-        bias,
-        residual,
-        packed_weight,
-        _epilogue(act, alpha, residual_mode, scale),
-        Precision(precision),
-        backend,
-    )
+    epilogue, policy, backend = _gemm_spec(act, alpha, residual_mode, scale, precision, backend)
+    call = calls.gemm_call(a, weight, bias, residual, packed_weight, epilogue, policy, backend)
     return call(a, residual)
 
 
 @gemm_act.register_fake
-def _gemm_act_fake(a, weight, bias, residual, packed_weight, act, alpha, residual_mode, scale, precision, backend):
+def _gemm_act_fake(a, weight, *rest):
     return a.new_empty((*a.shape[:-1], weight.shape[0]))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Autograd: the fused ops are for inference
+
+
+INFERENCE_ONLY = (
+    "fuser: backward through {op}: an optimized model is for inference (its batch norms are folded into "
+    "constant weights and its fused kernels have no gradient). Train the original model, and call "
+    "fuser.optimize() on it after training; where gradients are needed, run the original model."
+)
+
+
+@torch.library.custom_op("fuser::inference_only", mutates_args=())
+def _inference_only(grad: torch.Tensor, shape: Sequence[int], op: str) -> torch.Tensor:
+    """Raises :data:`INFERENCE_ONLY`: the gradient of every input of a fused op. An op (rather than a raise
+    in the formula) so that torch.compile can trace a backward graph and the error comes when it runs."""
+    raise RuntimeError(INFERENCE_ONLY.format(op=op))
+
+
+@_inference_only.register_fake
+def _inference_only_fake(grad, shape, op):
+    return grad.new_empty(shape)
+
+
+def _register_inference_only(op: Any, name: str, tensor_inputs: int) -> None:
+    """An autograd formula for ``op`` whose gradients all come from :func:`_inference_only`."""
+
+    def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+        ctx.shapes = [t.shape if isinstance(t, torch.Tensor) else None for t in inputs[:tensor_inputs]]
+
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        grads: list[torch.Tensor | None] = [None] * len(ctx.needs_input_grad)
+        for i, shape in enumerate(ctx.shapes):
+            if shape is not None and ctx.needs_input_grad[i]:
+                grads[i] = torch.ops.fuser.inference_only(grad, shape, name)
+        return tuple(grads)
+
+    torch.library.register_autograd(op, backward, setup_context=setup_context)
+
+
+_register_inference_only(conv2d_act, "fuser::conv2d_act", 5)
+_register_inference_only(gemm_act, "fuser::gemm_act", 5)

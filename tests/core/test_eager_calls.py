@@ -12,15 +12,15 @@ from torch import nn
 from toy_models import ConvBnActAdd, LinearAct, seeded
 
 import fuser
-from fuser import ops
+from fuser import calls, ops
 from fuser.fused_modules import FusedConv2d, FusedLinear
 
 
 @pytest.fixture
 def built_calls(monkeypatch):
-    """Counts how often each op's call is built (ops.conv2d_call / ops.gemm_call)."""
+    """Counts how often each op's call is built (calls.conv2d_call / calls.gemm_call)."""
     counts = {"conv2d": 0, "gemm": 0}
-    real_conv, real_gemm = ops.conv2d_call, ops.gemm_call
+    real_conv, real_gemm = calls.conv2d_call, calls.gemm_call
 
     def conv(*args, **kwargs):
         counts["conv2d"] += 1
@@ -30,8 +30,8 @@ def built_calls(monkeypatch):
         counts["gemm"] += 1
         return real_gemm(*args, **kwargs)
 
-    monkeypatch.setattr(ops, "conv2d_call", conv)
-    monkeypatch.setattr(ops, "gemm_call", gemm)
+    monkeypatch.setattr(calls, "conv2d_call", conv)
+    monkeypatch.setattr(calls, "gemm_call", gemm)
     return counts
 
 
@@ -46,25 +46,10 @@ def test_direct_call_equals_the_custom_op(backend):
     opt = fuser.optimize(model, (x,), backend=backend)
     conv = _fused(opt, FusedConv2d)
     residual = torch.randn(2, 5, 9, 7)
-    e = conv.epilogue
     with torch.no_grad():
         direct = conv(x, residual)
-        via_op = torch.ops.fuser.conv2d_act(
-            x,
-            conv.weight,
-            conv.bias,
-            residual,
-            conv.packed_weight(x.device),
-            conv.stride,
-            conv.padding,
-            conv.dilation,
-            conv.groups,
-            int(e.act),
-            e.alpha,
-            int(e.residual),
-            conv.kernel_precision.value,
-            conv.backend,
-        )
+        args = ops.conv2d_op_args(conv.geometry, conv.epilogue, conv.kernel_precision, conv.backend)
+        via_op = torch.ops.fuser.conv2d_act(x, conv.weight, conv.bias, residual, conv.packed, *args)
     assert torch.equal(direct, via_op)
     assert direct.stride() == via_op.stride()
 

@@ -1,0 +1,104 @@
+"""Call construction: the function that computes one fused op for every call shaped like an example one.
+
+Every decision that depends only on a call's signature (backend, kernel or library, launch plan) is taken
+here, once. The custom ops (fuser.ops) build the call on every invocation; the fused modules keep it per
+input signature so that a repeated eager forward only launches (on a small layer the custom op's dispatch
+costs more host time than the kernel takes on the GPU). Both run the same code, so they give the same answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from fuser import kernel_dispatch, path_choice
+from fuser.backends import conv_output_memory_format, resolve_backend
+from fuser.conv_geometry import ConvGeometry
+from fuser.kernels.epilogue import Epilogue
+from fuser.kernels.precision import Precision
+from fuser.references import conv2d_reference, gemm_reference
+
+Call = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+def _as_output(y: torch.Tensor, dtype: torch.dtype, memory_format: torch.memory_format) -> torch.Tensor:
+    """``y`` in the op's promised dtype and layout, copying only when it is not already so."""
+    if y.dtype != dtype:
+        y = y.to(dtype)
+    if not y.is_contiguous(memory_format=memory_format):
+        y = y.contiguous(memory_format=memory_format)
+    return y
+
+
+def _pick(
+    backend: str,
+    kernel: Call | None,
+    library: Call,
+    signature: Callable[[], tuple],
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+) -> Call:
+    """The call a resolved ``backend`` runs: the library where no kernel covers the call, under "measured"
+    whichever of the two path_choice finds faster for ``signature()``, otherwise the kernel."""
+    if kernel is None:
+        return library
+    if backend == "measured":
+        chosen = path_choice.choose(signature(), lambda: kernel(x, residual), lambda: library(x, residual))
+        return library if chosen == path_choice.LIBRARY else kernel
+    return kernel
+
+
+def conv2d_call(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    packed_weight: torch.Tensor | None,
+    geometry: ConvGeometry,
+    epilogue: Epilogue,
+    precision: Precision,
+    backend: str,
+) -> Call:
+    """``call(x, residual)`` computing ``fuser::conv2d_act`` for every call shaped like this one."""
+    chosen = resolve_backend(backend, x.device)
+    memory_format = conv_output_memory_format(x, backend)
+
+    def library(x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        y = conv2d_reference(x, weight, bias, residual, geometry, epilogue, precision)
+        return _as_output(y, x.dtype, memory_format)
+
+    if chosen == "torch":
+        return library
+    kernel = kernel_dispatch.conv2d(
+        x, weight, bias, residual, packed_weight, geometry, epilogue, precision, interpret=chosen == "interpret"
+    )
+    extra = ("conv2d", geometry, epilogue, precision.value)
+    return _pick(chosen, kernel, library, lambda: path_choice.signature(x, weight, residual, extra=extra), x, residual)
+
+
+def gemm_call(
+    a: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    packed_weight: torch.Tensor | None,
+    epilogue: Epilogue,
+    precision: Precision,
+    backend: str,
+) -> Call:
+    """``call(a, residual)`` computing ``fuser::gemm_act`` for every call shaped like this one (see
+    :func:`conv2d_call`)."""
+    chosen = resolve_backend(backend, a.device)
+
+    def library(a: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        y = gemm_reference(a, weight, bias, residual, epilogue, precision)
+        return _as_output(y, a.dtype, torch.contiguous_format)
+
+    if chosen == "torch":
+        return library
+    kernel = kernel_dispatch.gemm(
+        a, weight, bias, residual, packed_weight, epilogue, precision, interpret=chosen == "interpret"
+    )
+    extra = ("gemm", epilogue, precision.value)
+    return _pick(chosen, kernel, library, lambda: path_choice.signature(a, weight, residual, extra=extra), a, residual)

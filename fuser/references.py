@@ -1,0 +1,55 @@
+"""The fused ops in plain torch: the "torch" backend, what exporters record, and the oracle of the tests.
+
+Under "bf16" / "fp16" the operands are rounded the way the kernels round them (cast, then computed in
+float32), so the reference of a reduced-precision call is that call's arithmetic, not float32's.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fuser.conv_geometry import ConvGeometry
+from fuser.kernels.epilogue import Epilogue, apply_epilogue_torch
+from fuser.kernels.precision import Precision
+
+
+def _round_operands(precision: Precision, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Round float32 operands the way the kernels do under bf16/fp16 (cast, then compute in float32)."""
+    dtype = precision.operand_dtype
+    if dtype is None:
+        return list(tensors)
+    return [t.to(dtype).to(t.dtype) if t.dtype == torch.float32 else t for t in tensors]
+
+
+def conv2d_reference(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    geometry: ConvGeometry,
+    epilogue: Epilogue,
+    precision: Precision = Precision.IEEE,
+) -> torch.Tensor:
+    """``epilogue(conv2d(x, weight) + bias)`` in plain torch."""
+    x_, w_ = _round_operands(precision, x, weight)
+    top, bottom, left, right = geometry.padding
+    stride, dilation, groups = geometry.stride, geometry.dilation, geometry.groups
+    if top == bottom and left == right:
+        y = F.conv2d(x_, w_, bias, stride, (top, left), dilation, groups)
+    else:
+        y = F.conv2d(F.pad(x_, (left, right, top, bottom)), w_, bias, stride, 0, dilation, groups)
+    return apply_epilogue_torch(y, None, epilogue, residual)  # the bias went into the conv: one op fewer
+
+
+def gemm_reference(
+    a: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    epilogue: Epilogue,
+    precision: Precision = Precision.IEEE,
+) -> torch.Tensor:
+    """``epilogue(a @ weight.T + bias)`` in plain torch."""
+    a_, w_ = _round_operands(precision, a, weight)
+    return apply_epilogue_torch(F.linear(a_, w_, bias), None, epilogue, residual)
