@@ -237,7 +237,7 @@ def test_errors() -> None:
         conv2d_act(x, w, padding=(1, 1, 1), interpret=True)
     with pytest.raises(ValueError, match="descriptor path needs"):
         conv2d_act(x, w, padding=1, path="descriptor", interpret=True)  # C_out=7: rows not 16-byte aligned
-    with pytest.raises(ValueError, match="descriptor path does not exist for direct"):
+    with pytest.raises(ValueError, match="descriptor path does not exist for the direct conv kernel"):
         conv2d_act(
             torch.randn(1, 3, 9, 9),
             pack_conv_weight(torch.randn(8, 3, 3, 3), "ieee"),
