@@ -52,7 +52,7 @@ from .launch import (
 from .packing import PackedConvWeight
 from .precision import dot_acc
 from .splitk import SplitReduce, split_k_candidates
-from .tiles import decode_rows, epilogue_tile, grouped_tile, row_offsets, split_range, store_tile
+from .tiles import decode_rows, finish_tile, grouped_tile, row_offsets, split_range
 
 
 # Image sizes vary per layer: not specialized, so layers that differ only in them share one compile.
@@ -175,16 +175,10 @@ def _conv2d_act_kernel(
                 w = tl.load(w_ptrs, mask=n_ok[None, :] & c_ok[:, None], other=0.0)
             acc = dot_acc(a, w, acc, DOT_PRECISION, UPCAST)
 
-    if SPLIT_K > 1:  # a partial sum into the workspace; splitk.py reduces and runs the epilogue
-        store_tile(out_ref, split * M + offs_m, C_OUT_G * tl.num_programs(1), channels, m_ok, n_ok, acc)
-    else:
-        res_rows = row_offsets(n_idx, oh, ow, sr_n, sr_h, sr_w)
-        y = epilogue_tile(acc, channels, n_ok, m_ok, bias_ptr, res_ptr, res_rows, sr_c, alpha, scale,
-                          HAS_BIAS, ACT, RESIDUAL, HAS_SCALE)  # fmt: skip
-        if USE_DESC:
-            out_ref.store([pid_m * BLOCK_M, pid_n * BLOCK_N], y.to(out_ref.dtype))
-        else:
-            store_tile(out_ref, offs_m, stride_om, channels, m_ok, n_ok, y)
+    res_rows = row_offsets(n_idx, oh, ow, sr_n, sr_h, sr_w)
+    finish_tile(acc, out_ref, offs_m, channels, m_ok, n_ok, pid_m * BLOCK_M, pid_n * BLOCK_N, split, M,
+                C_OUT_G * tl.num_programs(1), stride_om, bias_ptr, res_ptr, res_rows, sr_c, alpha, scale,
+                HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, USE_DESC, SPLIT_K)  # fmt: skip
 
 
 def conv2d_supported(in_channels: int, out_channels: int, groups: int) -> bool:

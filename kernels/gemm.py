@@ -37,7 +37,7 @@ from .launch import (
 from .packing import PackedGemmWeight
 from .precision import Precision, dot_acc
 from .splitk import SplitReduce, split_k_candidates
-from .tiles import decode_rows, epilogue_tile, grouped_tile, row_offsets, split_range, store_tile
+from .tiles import decode_rows, finish_tile, grouped_tile, row_offsets, split_range
 
 
 # M and M_INNER vary with the batch and sequence length: not specialized, one compile serves them all.
@@ -109,16 +109,10 @@ def _gemm_act_kernel(
             a_ptrs += BLOCK_K * stride_ak
             w_ptrs += BLOCK_K
 
-    if SPLIT_K > 1:  # a partial sum into the [SPLIT_K, M, N] workspace; splitk.py reduces and runs the epilogue
-        store_tile(c_ref, split * M + offs_m, N, offs_n, m_ok, n_ok, acc)
-    else:
-        res_rows = row_offsets(b_idx, s_idx, o_idx, stride_rb, stride_rm, 0)
-        y = epilogue_tile(acc, offs_n, n_ok, m_ok, bias_ptr, res_ptr, res_rows, stride_rn, alpha, scale,
-                          HAS_BIAS, ACT, RESIDUAL, HAS_SCALE)  # fmt: skip
-        if USE_DESC:
-            c_ref.store([pid_m * BLOCK_M, pid_n * BLOCK_N], y.to(c_ref.dtype))
-        else:
-            store_tile(c_ref, offs_m, stride_cm, offs_n, m_ok, n_ok, y)
+    res_rows = row_offsets(b_idx, s_idx, o_idx, stride_rb, stride_rm, 0)
+    finish_tile(acc, c_ref, offs_m, offs_n, m_ok, n_ok, pid_m * BLOCK_M, pid_n * BLOCK_N, split, M, N, stride_cm,
+                bias_ptr, res_ptr, res_rows, stride_rn, alpha, scale, HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, USE_DESC,
+                SPLIT_K)  # fmt: skip
 
 
 INTERPRET_CONFIG = TileConfig(32, 32, 32, group_m=2, num_warps=4, num_stages=1)

@@ -242,7 +242,7 @@ DIRECT_LAUNCH = True
 def launch_options(kernel: JITFunction, constexprs: dict[str, Any], config: TileConfig) -> LaunchOptions:
     """Options of one plan's launches: the kernel's constexprs, its tile constexprs, warps and stages."""
     tile = {name: value for name, value in config.constexprs().items() if name in kernel.arg_names}
-    if "SPLIT_K" in kernel.arg_names:
+    if "SPLIT_K" in kernel.arg_names and "SPLIT_K" not in constexprs:  # the reduction sets its own
         tile["SPLIT_K"] = config.split_k
     return LaunchOptions({**constexprs, **tile, "num_warps": config.num_warps, "num_stages": config.num_stages})
 

@@ -99,3 +99,45 @@ def store_tile(out_ptr, offs_m, stride_om, channels, m_ok, n_ok, y):
     wider buffer; the mask keeps every store inside the slice."""
     ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + channels[None, :]
     tl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def finish_tile(
+    acc,
+    out_ref,
+    offs_m,
+    channels,
+    m_ok,
+    n_ok,
+    tile_row,
+    tile_col,
+    split,
+    M,
+    ws_row_stride,
+    stride_om,
+    bias_ptr,
+    res_ptr,
+    res_rows,
+    sr_c,
+    alpha,
+    scale,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    USE_DESC: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
+    """How a GEMM-style program ends. Split: its partial sum goes, unfused, to rows ``split * M + m`` of
+    the float32 workspace ``out_ref`` (``ws_row_stride`` apart), which splitk.py reduces. Whole: the
+    epilogue, then the store, through the tensor descriptor ``out_ref`` at ``(tile_row, tile_col)``
+    when ``USE_DESC``, else masked through pointers."""
+    if SPLIT_K > 1:
+        store_tile(out_ref, split * M + offs_m, ws_row_stride, channels, m_ok, n_ok, acc)
+    else:
+        y = epilogue_tile(acc, channels, n_ok, m_ok, bias_ptr, res_ptr, res_rows, sr_c, alpha, scale,
+                          HAS_BIAS, ACT, RESIDUAL, HAS_SCALE)  # fmt: skip
+        if USE_DESC:
+            out_ref.store([tile_row, tile_col], y.to(out_ref.dtype))
+        else:
+            store_tile(out_ref, offs_m, stride_om, channels, m_ok, n_ok, y)
