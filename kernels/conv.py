@@ -28,10 +28,10 @@ import triton.language as tl
 
 from .autotune import TileConfig, matmul_candidates
 from .conv_choice import FLAT_K_BELOW, ConvKernel, conv_kernel
-from .depthwise import prepare_depthwise
-from .direct_conv import prepare_direct
+from .depthwise import depthwise_candidates, prepare_depthwise
+from .direct_conv import direct_candidates, prepare_direct
 from .epilogue import NO_EPILOGUE, Epilogue
-from .gemm import prepare_gemm
+from .gemm import gemm_candidates, prepare_gemm
 from .launch import (
     KernelCall,
     PlanCache,
@@ -221,6 +221,33 @@ def conv_candidates(
         bk = min(64 if operand_bytes == 2 else 32, max(16, triton.next_power_of_2(c_in_g)))
     steps = (lambda c: cdiv(k_total, c.block_k)) if flat_k else (lambda c: taps * cdiv(c_in_g, c.block_k))
     return split_k_candidates(matmul_candidates(m, c_out_g, k_total, bk), m, c_out_g, steps)
+
+
+def conv2d_tile_candidates(
+    x_shape: Sequence[int],
+    weight: PackedConvWeight,
+    stride: int | Sequence[int] = (1, 1),
+    padding: int | Sequence[int] = (0, 0, 0, 0),
+    dilation: int | Sequence[int] = (1, 1),
+) -> list[TileConfig]:
+    """Every tile config the launcher may measure or default to for this convolution (first = default),
+    from the candidate list of the kernel it routes to: what a GPU test sweeps to cover all of them."""
+    op = "conv2d_tile_candidates"
+    stride, dilation, padding = _pair(op, "stride", stride), _pair(op, "dilation", dilation), _padding4(op, padding)
+    n, c_in, h, w = x_shape
+    (kh, kw), groups, c_out = weight.kernel_size, weight.groups, weight.out_channels
+    oh = (h + padding[0] + padding[1] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (w + padding[2] + padding[3] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    c_in_g, elem = c_in // groups, weight.data.element_size()
+    kernel = conv_kernel(c_in, c_out, groups, (kh, kw), stride, padding)
+    if kernel == ConvKernel.DEPTHWISE:
+        return depthwise_candidates(c_out)
+    if kernel == ConvKernel.DIRECT:
+        return direct_candidates(c_out // groups)
+    if kernel == ConvKernel.GEMM_1X1:
+        return gemm_candidates(n * h * w, c_out, c_in, elem)
+    flat_k = c_in_g < FLAT_K_BELOW
+    return conv_candidates(n * oh * ow, c_in_g, c_out // groups, weight.k_total, elem, flat_k, kh * kw)
 
 
 # Under the interpreter every op costs Python overhead per program: large M tiles, few programs.

@@ -13,7 +13,7 @@ from triton.runtime import interpreter
 
 from fuser.kernels import Activation, Epilogue, Residual, conv2d_act, gemm_act, pack_conv_weight, pack_gemm_weight
 from fuser.kernels.autotune import TileConfig
-from fuser.kernels.conv import conv_candidates
+from fuser.kernels.conv import conv2d_tile_candidates, conv_candidates
 from fuser.kernels.conv_choice import ConvKernel, conv_kernel
 from fuser.kernels.gemm import gemm_candidates
 from fuser.kernels.splitk import split_k_candidates, split_k_for
@@ -121,10 +121,9 @@ SWEEP_CONVS = [
 
 
 def candidates_of(case: ConvCase) -> list[TileConfig]:
-    oh, ow = case.hw  # "same" padding, stride 1
-    taps = case.kernel_hw[0] * case.kernel_hw[1]
-    c_in_g = case.c_in // case.groups
-    return conv_candidates(case.batch * oh * ow, c_in_g, case.c_out, taps * c_in_g, 4, c_in_g < 16, taps)
+    packed = pack_conv_weight(torch.randn(case.c_out, case.c_in // case.groups, *case.kernel_hw), "ieee", case.groups)
+    x_shape = (case.batch, case.c_in, *case.hw)
+    return conv2d_tile_candidates(x_shape, packed, case.stride, case.padding, case.dilation)
 
 
 @pytest.mark.parametrize("case", SWEEP_CONVS, ids=str)
