@@ -137,11 +137,12 @@ def split_k_candidates(
     k_steps: Callable[[TileConfig], int],
     sm_count: int = SM_COUNT,
 ) -> list[TileConfig]:
-    """``candidates`` plus small-grid variants: a 32-row tile and, for the default tile, a 64x64 tile and
-    the 32-row tile, each with its :func:`split_k_for` split. When the default tile gives under a quarter
-    wave (batch-1 rows, 7x7 layers), a split variant becomes the default: with a handful of CTAs on the
-    whole card no tile shape can win without one. ``k_steps(config)`` is the reduction's step count
-    under that config (``cdiv(K, block_k)`` for a GEMM; taps x channel blocks for a conv)."""
+    """``candidates`` plus small-grid variants: a 64x64 and a 32-row tile, and each of those and the default
+    tile with its :func:`split_k_for` split. When the default tile gives under a quarter wave (batch-1
+    rows, 7x7 layers, short GEMMs), the config that fills the waves best becomes the default (split or
+    not; the earliest, i.e. largest tile, of equals): a handful of CTAs on the whole card cannot win.
+    ``k_steps(config)`` is the reduction's step count under that config (``cdiv(K, block_k)`` for a
+    GEMM; taps x channel blocks for a conv)."""
     if not candidates:
         return []
     first = candidates[0]
@@ -161,9 +162,13 @@ def split_k_candidates(
     for config in extra:
         if config not in out:
             out.append(config)
-    splits = [c for c in out if c.split_k > 1]
-    if splits and tiles_of(first) * 4 < sm_count:
-        best = max(splits, key=lambda c: min(tiles_of(c) * c.split_k, sm_count))
+    if tiles_of(first) * 4 < sm_count:
+        best = max(out, key=lambda c: wave_fill(tiles_of(c) * c.split_k, sm_count))  # first of equals: larger tiles
         out.remove(best)
         out.insert(0, best)
     return out
+
+
+def wave_fill(ctas: int, sm_count: int = SM_COUNT) -> float:
+    """The fraction of the SMs' time a grid of ``ctas`` equal programs keeps busy (1.0: whole waves)."""
+    return ctas / (cdiv(ctas, sm_count) * sm_count)
