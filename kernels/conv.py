@@ -10,11 +10,12 @@ masks for padding, image borders and odd channel counts. Two reduction orders:
 - flat K (4 < C_in / groups < 16): K itself is tiled, each element decoding its own (kh, kw, c), so
   a 3x3x5 patch is two 32-wide steps instead of nine 16-wide steps of 5 useful lanes.
 
-Dispatch: depthwise convs go to the kernel of depthwise.py, convs with at most 4 input channels per
-group (the RGB stem) to the direct kernel of direct_conv.py, 1x1 stride-1 unpadded convs to the plain
-GEMM of gemm.py, everything else (any stride, padding, dilation, groups) here. Weights can be read
-through a tensor descriptor (TMA) and the output written through one when their rows are 16-byte
-aligned and groups == 1; the pointer path takes every other case.
+Dispatch follows conv_choice.py (the decision packing and the report read too): depthwise convs go to
+depthwise.py, convs with at most 4 input channels per group (the RGB stem) to the direct kernel of
+direct_conv.py, 1x1 stride-1 unpadded convs to the plain GEMM of gemm.py, everything else (any stride,
+padding, dilation, groups) here. Weights can be read through a tensor descriptor (TMA) and the output
+written through one when their rows are 16-byte aligned and groups == 1; the pointer path takes every
+other case. A tile config with ``split_k > 1`` splits the reduction across programs (splitk.py).
 """
 
 from __future__ import annotations
