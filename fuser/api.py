@@ -247,4 +247,5 @@ def _kernel_for(chain: Chain, gm: fx.GraphModule) -> str:
         groups=groups,
         kernel_size=tuple(weight.shape[2:]),
         stride=tuple(stride),
+        padding=args["padding"],
     )

@@ -26,19 +26,18 @@ def kernel_name(
     groups: int = 1,
     kernel_size: Sequence[int] = (1, 1),
     stride: Sequence[int] = (1, 1),
+    padding: int | str | Sequence[int] = 0,
 ) -> str:
-    """Which kernel a fused op runs on the Triton backends (for the report)."""
+    """Which kernel a fused op runs on the Triton backends (for the report): the kernels' own decision
+    (``fuser.kernels.conv_choice``), the one the launcher acts on."""
     if op == "gemm":
         return "gemm"
-    from fuser import kernels
+    from fuser.kernels.conv_choice import conv_kernel
 
-    if not kernels.conv2d_supported(in_channels, out_channels, groups):
+    kernel = conv_kernel(in_channels, out_channels, groups, kernel_size, stride, padding)
+    if kernel is None:
         return f"torch reference (grouped conv, groups={groups})"
-    if groups > 1 and groups == in_channels == out_channels:
-        return "depthwise"
-    if tuple(kernel_size) == (1, 1) and tuple(stride) == (1, 1) and groups == 1:
-        return "gemm (1x1 conv)"
-    return "implicit-gemm conv"
+    return kernel.value
 
 
 def pack_conv(weight: torch.Tensor, groups: int, precision: Precision) -> torch.Tensor | None:

@@ -38,6 +38,7 @@ class TileConfig:
     group_m: int = 8
     num_warps: int = 4
     num_stages: int = 3
+    split_k: int = 1  # reduction splits (kernels/splitk.py); 1 = the whole K in one program
 
     def constexprs(self) -> dict[str, int]:
         return {

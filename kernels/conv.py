@@ -10,11 +10,12 @@ masks for padding, image borders and odd channel counts. Two reduction orders:
 - flat K (4 < C_in / groups < 16): K itself is tiled, each element decoding its own (kh, kw, c), so
   a 3x3x5 patch is two 32-wide steps instead of nine 16-wide steps of 5 useful lanes.
 
-Dispatch: depthwise convs go to the kernel of depthwise.py, convs with at most 4 input channels per
-group (the RGB stem) to the direct kernel of direct_conv.py, 1x1 stride-1 unpadded convs to the plain
-GEMM of gemm.py, everything else (any stride, padding, dilation, groups) here. Weights can be read
-through a tensor descriptor (TMA) and the output written through one when their rows are 16-byte
-aligned and groups == 1; the pointer path takes every other case.
+Dispatch follows conv_choice.py (the decision packing and the report read too): depthwise convs go to
+depthwise.py, convs with at most 4 input channels per group (the RGB stem) to the direct kernel of
+direct_conv.py, 1x1 stride-1 unpadded convs to the plain GEMM of gemm.py, everything else (any stride,
+padding, dilation, groups) here. Weights can be read through a tensor descriptor (TMA) and the output
+written through one when their rows are 16-byte aligned and groups == 1; the pointer path takes every
+other case. A tile config with ``split_k > 1`` splits the reduction across programs (splitk.py).
 """
 
 from __future__ import annotations
@@ -26,37 +27,40 @@ import torch
 import triton
 import triton.language as tl
 
-from . import autotune
 from .autotune import TileConfig, matmul_candidates
-from .depthwise import prepare_depthwise
-from .direct_conv import direct_applies, prepare_direct
-from .epilogue import NO_EPILOGUE, Epilogue, apply_epilogue
-from .gemm import prepare_gemm
+from .conv_choice import FLAT_K_BELOW, ConvKernel, conv_kernel
+from .depthwise import depthwise_candidates, prepare_depthwise
+from .direct_conv import direct_candidates, prepare_direct
+from .epilogue import NO_EPILOGUE, Epilogue
+from .gemm import gemm_candidates, prepare_gemm
 from .launch import (
+    KernelCall,
+    PlanCache,
     aligned_2d,
     cdiv,
     check_bias,
     check_device,
     check_float,
+    check_out,
     check_path,
     check_residual,
+    choose_tile,
     descriptors_available,
     dot_precision,
-    launch,
-    launch_options,
     make_descriptor,
     tensor_meta,
 )
 from .packing import PackedConvWeight
 from .precision import dot_acc
+from .splitk import SplitReduce, split_k_candidates
+from .tiles import decode_rows, finish_tile, grouped_tile, row_offsets, split_range
 
-# Below this many input channels per group the flat-K order wastes fewer lanes than channel blocks.
-FLAT_K_BELOW = 16
 
-
-@triton.jit
+# Image sizes vary per layer: not specialized, so layers that differ only in them share one compile.
+@triton.jit(do_not_specialize=["H", "W", "OH", "OW", "M"])
 def _conv2d_act_kernel(
-    # pointers; w_ref and out_ref are tensor descriptors when USE_DESC
+    # pointers; w_ref and out_ref are tensor descriptors when USE_DESC; out_ref is the float32
+    # [SPLIT_K, M, C_out] workspace when SPLIT_K > 1
     x_ptr,
     w_ref,
     bias_ptr,
@@ -103,20 +107,15 @@ def _conv2d_act_kernel(
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     USE_DESC: tl.constexpr,
+    SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    pid = tl.program_id(0)
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, C_OUT_G, BLOCK_M, BLOCK_N, GROUP_M)
     group = tl.program_id(1)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(C_OUT_G, BLOCK_N)
-    pids_in_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // pids_in_group) * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (pid % pids_in_group) % group_size_m
-    pid_n = (pid % pids_in_group) // group_size_m
+    split = tl.program_id(2)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -127,18 +126,15 @@ def _conv2d_act_kernel(
     channels = group * C_OUT_G + offs_n
 
     # Output pixel -> (image, oh, ow) -> top-left input coordinate of its receptive field.
-    rows = tl.where(m_ok, offs_m, 0)
-    ohw = OH * OW
-    n_idx = rows // ohw
-    oh = (rows % ohw) // OW
-    ow = rows % OW
+    n_idx, oh, ow = decode_rows(offs_m, m_ok, OH, OW)
     ih0 = oh * stride_h - pad_top
     iw0 = ow * stride_w - pad_left
     x_rows = x_ptr + n_idx.to(tl.int64) * sx_n + (group * C_IN_G).to(tl.int64) * sx_c
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if FLAT_K:
-        for k0 in range(0, K_TOTAL, BLOCK_K):
+        k_lo, k_hi = split_range(K_TOTAL, split, BLOCK_K, SPLIT_K)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
             k = k0 + offs_k
             tap = k // C_IN_G
             c = k - tap * C_IN_G
@@ -157,7 +153,8 @@ def _conv2d_act_kernel(
             acc = dot_acc(a, w, acc, DOT_PRECISION, UPCAST)
     else:
         c_blocks = tl.cdiv(C_IN_G, BLOCK_K)
-        for step in range(0, KH * KW * c_blocks):
+        s_lo, s_hi = split_range(KH * KW * c_blocks, split, 1, SPLIT_K)
+        for step in range(s_lo, s_hi):
             tap = step // c_blocks
             c0 = (step - tap * c_blocks) * BLOCK_K
             kh = tap // KW
@@ -179,23 +176,10 @@ def _conv2d_act_kernel(
                 w = tl.load(w_ptrs, mask=n_ok[None, :] & c_ok[:, None], other=0.0)
             acc = dot_acc(a, w, acc, DOT_PRECISION, UPCAST)
 
-    if HAS_BIAS:  # noqa: SIM108  (a constexpr branch: only one side is compiled)
-        bias = tl.load(bias_ptr + channels, mask=n_ok, other=0.0)[None, :]
-    else:
-        bias = 0.0
-    if RESIDUAL != 0:
-        r_rows = n_idx.to(tl.int64) * sr_n + oh.to(tl.int64) * sr_h + ow.to(tl.int64) * sr_w
-        res_ptrs = res_ptr + r_rows[:, None] + channels[None, :].to(tl.int64) * sr_c
-        res = tl.load(res_ptrs, mask=m_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
-    else:
-        res = 0.0
-    y = apply_epilogue(acc, bias, res, alpha, scale, ACT, RESIDUAL, HAS_SCALE)
-
-    if USE_DESC:
-        out_ref.store([pid_m * BLOCK_M, pid_n * BLOCK_N], y.to(out_ref.dtype))
-    else:
-        out_ptrs = out_ref + offs_m[:, None].to(tl.int64) * stride_om + channels[None, :]
-        tl.store(out_ptrs, y.to(out_ref.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    res_rows = row_offsets(n_idx, oh, ow, sr_n, sr_h, sr_w)
+    finish_tile(acc, out_ref, offs_m, channels, m_ok, n_ok, pid_m * BLOCK_M, pid_n * BLOCK_N, split, M,
+                C_OUT_G * tl.num_programs(1), stride_om, bias_ptr, res_ptr, res_rows, sr_c, alpha, scale,
+                HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, USE_DESC, SPLIT_K)  # fmt: skip
 
 
 def conv2d_supported(in_channels: int, out_channels: int, groups: int) -> bool:
@@ -228,14 +212,43 @@ def _padding4(op: str, padding: int | Sequence[int]) -> tuple[int, int, int, int
 
 
 def conv_candidates(
-    m: int, c_in_g: int, c_out_g: int, k_total: int, operand_bytes: int, flat_k: bool
+    m: int, c_in_g: int, c_out_g: int, k_total: int, operand_bytes: int, flat_k: bool, taps: int = 1
 ) -> list[TileConfig]:
-    """Tile configs worth measuring for one convolution (first = default)."""
+    """Tile configs worth measuring for one convolution (first = default), small-grid split-K variants
+    included (splitk.py). ``taps`` is KH * KW, the channel-block loop's outer length."""
     if flat_k:
         bk = min(64, max(16, triton.next_power_of_2(k_total)))
     else:
         bk = min(64 if operand_bytes == 2 else 32, max(16, triton.next_power_of_2(c_in_g)))
-    return matmul_candidates(m, c_out_g, k_total, bk)
+    steps = (lambda c: cdiv(k_total, c.block_k)) if flat_k else (lambda c: taps * cdiv(c_in_g, c.block_k))
+    return split_k_candidates(matmul_candidates(m, c_out_g, k_total, bk), m, c_out_g, steps)
+
+
+def conv2d_tile_candidates(
+    x_shape: Sequence[int],
+    weight: PackedConvWeight,
+    stride: int | Sequence[int] = (1, 1),
+    padding: int | Sequence[int] = (0, 0, 0, 0),
+    dilation: int | Sequence[int] = (1, 1),
+) -> list[TileConfig]:
+    """Every tile config the launcher may measure or default to for this convolution (first = default),
+    from the candidate list of the kernel it routes to: what a GPU test sweeps to cover all of them."""
+    op = "conv2d_tile_candidates"
+    stride, dilation, padding = _pair(op, "stride", stride), _pair(op, "dilation", dilation), _padding4(op, padding)
+    n, c_in, h, w = x_shape
+    (kh, kw), groups, c_out = weight.kernel_size, weight.groups, weight.out_channels
+    oh = (h + padding[0] + padding[1] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (w + padding[2] + padding[3] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    c_in_g, elem = c_in // groups, weight.data.element_size()
+    kernel = conv_kernel(c_in, c_out, groups, (kh, kw), stride, padding)
+    if kernel == ConvKernel.DEPTHWISE:
+        return depthwise_candidates(c_out)
+    if kernel == ConvKernel.DIRECT:
+        return direct_candidates(c_out // groups)
+    if kernel == ConvKernel.GEMM_1X1:
+        return gemm_candidates(n * h * w, c_out, c_in, elem)
+    flat_k = c_in_g < FLAT_K_BELOW
+    return conv_candidates(n * oh * ow, c_in_g, c_out // groups, weight.k_total, elem, flat_k, kh * kw)
 
 
 # Under the interpreter every op costs Python overhead per program: large M tiles, few programs.
@@ -243,9 +256,7 @@ INTERPRET_CONFIG = TileConfig(128, 32, 32, 2, 4, 1)
 INTERPRET_CONFIG_NARROW = TileConfig(128, 32, 16, 2, 4, 1)
 
 
-# Launch plans by call signature (see gemm.py): checks, dispatch, tile choice once; then allocate and launch.
-_plans: dict[tuple[Any, ...], Callable[..., torch.Tensor]] = {}
-autotune.register_plan_cache(_plans)
+_plans = PlanCache()
 
 
 def conv2d_act(
@@ -258,8 +269,10 @@ def conv2d_act(
     dilation: int | Sequence[int] = (1, 1),
     epilogue: Epilogue = NO_EPILOGUE,
     residual: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
     interpret: bool = False,
     path: str = "auto",
+    tile: TileConfig | None = None,
 ) -> torch.Tensor:
     """``epilogue(conv2d(x, W) + bias)`` in one kernel; returns ``[N, C_out, OH, OW]``, channels_last.
 
@@ -267,14 +280,17 @@ def conv2d_act(
     in float32, float16 or bfloat16; the output has ``x``'s dtype. ``padding`` is
     ``(top, bottom, left, right)`` so asymmetric ("same", ONNX) padding needs no extra pad op.
     ``residual`` broadcasts to the output. The precision comes with the packed weight.
+    ``out``, when given, is written and returned instead of a new tensor: ``[N, C_out, OH, OW]`` of
+    ``x``'s dtype, channels contiguous and pixels as rows of one stride, e.g. the channel slice
+    ``buf[:, c0:c0 + C_out]`` of a channels_last ``buf`` that a concatenation would otherwise copy into.
     ``interpret=True`` runs the same kernels in Triton's interpreter on CPU tensors. ``path`` forces
-    the tensor-descriptor or the pointer path (tests).
+    the tensor-descriptor or the pointer path and ``tile`` a tile config (tests, candidate sweeps).
     """
     plan = conv2d_act_plan(
         x, weight, bias, stride=stride, padding=padding, dilation=dilation, epilogue=epilogue, residual=residual,
-        interpret=interpret, path=path,
+        out=out, interpret=interpret, path=path, tile=tile,
     )  # fmt: skip
-    return plan(x, weight.data, bias, residual)
+    return plan(x, weight.data, bias, residual, out)
 
 
 def conv2d_act_plan(
@@ -287,29 +303,27 @@ def conv2d_act_plan(
     dilation: int | Sequence[int] = (1, 1),
     epilogue: Epilogue = NO_EPILOGUE,
     residual: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
     interpret: bool = False,
     path: str = "auto",
-) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None], torch.Tensor]:
-    """The launch plan of :func:`conv2d_act` for calls like this one: ``plan(x, weight.data, bias, residual)``.
+    tile: TileConfig | None = None,
+) -> Callable[..., torch.Tensor]:
+    """The launch plan of :func:`conv2d_act` for calls like this one: ``plan(x, weight.data, bias, residual)``,
+    or ``plan(x, weight.data, bias, residual, out)`` for a plan made with an ``out``.
 
     Valid for any tensors with the same shapes, strides, dtypes, devices and 16-byte alignment as the
     example ones. A caller that makes the same call many times (a fused module) keeps the plan and skips
     the signature lookup; the first call of a signature checks the inputs and measures the tile candidates.
     """
-    try:
-        key = (
-            tensor_meta(x), tensor_meta(weight.data), weight.out_channels, weight.in_channels, weight.kernel_size,
-            weight.groups, weight.precision, tensor_meta(bias), tensor_meta(residual), stride, padding, dilation,
-            epilogue, interpret, path,
-        )  # fmt: skip
-        plan = _plans.get(key)
-    except (AttributeError, TypeError):  # not tensors, or unhashable: the checks will say what is wrong
-        key, plan = None, None
-    if plan is None:
-        plan = _plan_conv(x, weight, bias, stride, padding, dilation, epilogue, residual, interpret, path)
-        if key is not None:
-            _plans[key] = plan
-    return plan
+    key = lambda: (
+        tensor_meta(x), tensor_meta(weight.data), weight.out_channels, weight.in_channels, weight.kernel_size,
+        weight.groups, weight.precision, tensor_meta(bias), tensor_meta(residual), tensor_meta(out), stride,
+        padding, dilation, epilogue, interpret, path, tile,
+    )  # fmt: skip
+    build = lambda: _plan_conv(
+        x, weight, bias, stride, padding, dilation, epilogue, residual, out, interpret, path, tile
+    )
+    return _plans.get(key, build)
 
 
 def _plan_conv(
@@ -321,10 +335,13 @@ def _plan_conv(
     dilation: int | Sequence[int],
     epilogue: Epilogue,
     residual: torch.Tensor | None,
+    out: torch.Tensor | None,
     interpret: bool,
     path: str,
+    tile: TileConfig | None,
 ) -> Callable[..., torch.Tensor]:
-    """Check one call's inputs (clear errors), pick the kernel and build the plan for calls like it."""
+    """Check one call's inputs (clear errors), pick the kernel (conv_choice.py) and build the plan for
+    calls like it."""
     op = "conv2d_act"
     if not isinstance(weight, PackedConvWeight):
         raise TypeError(f"{op}: weight must be a PackedConvWeight (see pack_conv_weight), got {type(weight)}")
@@ -351,46 +368,56 @@ def _plan_conv(
             f"{op}: a {kh}x{kw} kernel (dilation {dilation}, padding {padding}) does not fit the "
             f"{h}x{w} input: output would be {oh}x{ow}"
         )
-    device = check_device(op, interpret, {"x": x, "weight": weight.data, "bias": bias, "residual": residual})
+    tensors = {"x": x, "weight": weight.data, "bias": bias, "residual": residual, "out": out}
+    device = check_device(op, interpret, tensors)
     bias32 = check_bias(op, bias, c_out)
     convert_bias = bias32 is not None and bias32 is not bias
     out4 = (n, c_out, oh, ow)
     res4 = check_residual(op, epilogue, residual, out4)
-    nhwc, dtype = (n, oh, ow, c_out), x.dtype
-    out_nhwc = torch.empty(nhwc, dtype=dtype, device=device)
-    if out_nhwc.numel() == 0:
-        return lambda x, w, bias, residual: torch.empty(nhwc, dtype=dtype, device=device).permute(0, 3, 1, 2)
-    precision = weight.precision
-    c_in_g = c_in // groups
-    direct = direct_applies(c_in_g, (kh, kw))
-    if path == "descriptor" and (weight.depthwise or direct):
+    dtype = x.dtype
+    new_out = lambda: torch.empty((n, oh, ow, c_out), dtype=dtype, device=device).permute(0, 3, 1, 2)
+    example = new_out() if out is None else out
+    row_stride = check_out(op, example, out4, dtype, device, 1).stride(0)
+    if example.numel() == 0:
+        return lambda x, w, bias, residual, out=None: new_out() if out is None else out
+    # NHWC view with the strides the kernels assume (size-1 dimensions may have had any)
+    nhwc = lambda t: t.as_strided((n, oh, ow, c_out), (oh * ow * row_stride, ow * row_stride, row_stride, 1))
+    out_nhwc = nhwc(example)
+    kernel = conv_kernel(c_in, c_out, groups, (kh, kw), stride, padding)
+    if kernel is None:
+        raise ValueError(f"{op}: no kernel for groups={groups} with C_in={c_in}, C_out={c_out}")
+    if path == "descriptor" and not kernel.tensor_cores:
         raise ValueError(
-            f"{op}: the descriptor path does not exist for {'depthwise' if weight.depthwise else 'direct'} "
-            f"convolutions (C_in={c_in}, groups={groups}); they read through pointers"
+            f"{op}: the descriptor path does not exist for the {kernel.value} kernel "
+            f"(C_in={c_in}, groups={groups}); it reads through pointers"
         )
     as_input = as_residual = as_output = lambda t: t
-    if weight.depthwise:
+    precision = weight.precision
+    if kernel == ConvKernel.DEPTHWISE:
         run = prepare_depthwise(x, weight.data, (kh, kw), bias32, epilogue, res4, out_nhwc, stride, padding,
-                                dilation, interpret, precision.value)  # fmt: skip
-    elif kh == kw == 1 and stride == (1, 1) and padding == (0, 0, 0, 0) and groups == 1:
+                                dilation, interpret, precision.value, tile)  # fmt: skip
+    elif kernel == ConvKernel.DIRECT:
+        run = prepare_direct(x, weight.data, c_out, groups, (kh, kw), bias32, epilogue, res4, out_nhwc,
+                             stride, padding, dilation, interpret, precision.value, tile)  # fmt: skip
+    elif kernel == ConvKernel.GEMM_1X1:
         as_input = lambda t: t.permute(0, 2, 3, 1).reshape(n, h * w, c_in)
         as_residual = lambda t: t.permute(0, 2, 3, 1).reshape(n, h * w, c_out)
-        as_output = lambda t: t.view(n * h * w, c_out)
+        as_output = lambda t: t.as_strided((n * h * w, c_out), (t.stride(2), 1))
         res3 = None if res4 is None else as_residual(res4)
         run = prepare_gemm(op, as_input(x), weight.data, c_out, precision, bias32, epilogue, res3,
-                           as_output(out_nhwc), interpret, path)  # fmt: skip
-    elif direct:
-        run = prepare_direct(x, weight.data, c_out, groups, (kh, kw), bias32, epilogue, res4, out_nhwc,
-                             stride, padding, dilation, interpret, precision.value)  # fmt: skip
+                           as_output(out_nhwc), interpret, path, tile)  # fmt: skip
     else:
         run = prepare_implicit_gemm(op, x, weight, bias32, epilogue, res4, out_nhwc, stride, padding, dilation,
-                                    interpret, path)  # fmt: skip
+                                    interpret, path, tile)  # fmt: skip
 
-    def plan(x: torch.Tensor, w: torch.Tensor, bias: Any, residual: Any) -> torch.Tensor:
-        out_nhwc = torch.empty(nhwc, dtype=dtype, device=device)
+    def plan(
+        x: torch.Tensor, w: torch.Tensor, bias: Any, residual: Any, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if out is None:
+            out = new_out()
         res = None if residual is None else as_residual(residual.expand(out4))
-        run(as_input(x), w, bias.float().contiguous() if convert_bias else bias, res, as_output(out_nhwc))
-        return out_nhwc.permute(0, 3, 1, 2)
+        run(as_input(x), w, bias.float().contiguous() if convert_bias else bias, res, as_output(nhwc(out)))
+        return out
 
     return plan
 
@@ -408,9 +435,11 @@ def prepare_implicit_gemm(
     dilation: tuple[int, int],
     interpret: bool,
     path: str,
+    tile: TileConfig | None = None,
 ) -> Callable[..., Any]:
     """Choose path and tile for checked example inputs; return ``run(x, w, bias32, res4, out_nhwc)``
-    for every call of the same signature (``out_nhwc [N, OH, OW, C_out]`` contiguous)."""
+    for every call of the same signature (``out_nhwc [N, OH, OW, C_out]``, unit channel stride, pixels
+    as rows of one stride ``out_nhwc.stride(2)``)."""
     n, c_in, h, w = x.shape
     _, oh, ow, c_out = out_nhwc.shape
     kh, kw = weight.kernel_size
@@ -419,7 +448,8 @@ def prepare_implicit_gemm(
     m = n * oh * ow
     k_total = weight.k_total
     flat_k = c_in_g < FLAT_K_BELOW
-    out2 = out_nhwc.view(m, c_out)
+    rows = lambda t: t.as_strided((m, c_out), (t.stride(2), 1))
+    out2 = rows(out_nhwc)
     elem = w_data.element_size()
     can_desc = (
         groups == 1
@@ -442,7 +472,7 @@ def prepare_implicit_gemm(
         x.stride(0), x.stride(2), x.stride(3), x.stride(1),
         w_data.stride(0),
         *res_strides,
-        c_out,
+        out2.stride(0),
         float(epilogue.alpha), float(epilogue.scale),
     )  # fmt: skip
     constexprs = {
@@ -457,24 +487,29 @@ def prepare_implicit_gemm(
         "UPCAST": interpret,
         "USE_DESC": use_desc,
     }
+    call = KernelCall(_conv2d_act_kernel, scalars, constexprs, interpret)
+    # the residual as the reduction reads it: (image, oh, ow, channel) strides
+    res_rows = (res_strides[0], res_strides[2], res_strides[3], res_strides[1])
 
     def runner(config: TileConfig) -> Callable[..., Any]:
-        options = launch_options(_conv2d_act_kernel, constexprs, config)
-        grid = (cdiv(m, config.block_m) * cdiv(c_out_g, config.block_n), groups)
+        options = call.options(config)
+        grid = (cdiv(m, config.block_m) * cdiv(c_out_g, config.block_n), groups, config.split_k)
         w_block, out_block = [config.block_n, config.block_k], [config.block_m, config.block_n]
+        reduce = None
+        if config.split_k > 1:
+            reduce = SplitReduce(config.split_k, m, c_out, (oh, ow), res_rows, out2.stride(0), epilogue,
+                                 bias32 is not None, x.device, interpret)  # fmt: skip
 
         def run(x: torch.Tensor, w: torch.Tensor, bias32: Any, res4: Any, out_nhwc: torch.Tensor) -> Any:
-            out2 = out_nhwc.view(m, c_out)
-            if use_desc:
-                w_ref, out_ref = make_descriptor(w, w_block), make_descriptor(out2, out_block)
-            else:
-                w_ref, out_ref = w, out2
-            return launch(_conv2d_act_kernel, grid, (x, w_ref, bias32, res4, out_ref, *scalars), options, interpret)
+            out2 = rows(out_nhwc)
+            w_ref = make_descriptor(w, w_block) if use_desc else w
+            if reduce is not None:
+                return reduce(lambda ws: call.launch(grid, (x, w_ref, bias32, res4, ws), options), bias32, res4, out2)
+            out_ref = make_descriptor(out2, out_block) if use_desc else out2
+            return call.launch(grid, (x, w_ref, bias32, res4, out_ref), options)
 
         return run
 
-    if interpret:
-        return runner(INTERPRET_CONFIG if flat_k or c_in_g > 16 else INTERPRET_CONFIG_NARROW)
     key = {
         "x": [n, c_in, h, w],
         "x_strides": list(x.stride()),
@@ -487,13 +522,15 @@ def prepare_implicit_gemm(
         "x_dtype": str(x.dtype),
         "precision": precision.value,
         "descriptor": use_desc,
-        "gpu": torch.cuda.get_device_name(x.device),
-        "triton": triton.__version__,
     }
-    config = autotune.choose(
+    config = choose_tile(
         "conv2d_act",
         key,
-        conv_candidates(m, c_in_g, c_out_g, k_total, elem, flat_k),
-        lambda c: autotune.do_bench_ms(lambda: runner(c)(x, w_data, bias32, res4, out_nhwc)),
+        conv_candidates(m, c_in_g, c_out_g, k_total, elem, flat_k, kh * kw),
+        lambda c: runner(c)(x, w_data, bias32, res4, out_nhwc),
+        interpret=interpret,
+        interpret_config=INTERPRET_CONFIG if flat_k or c_in_g > 16 else INTERPRET_CONFIG_NARROW,
+        forced=tile,
+        device=x.device,
     )
     return runner(config)

@@ -15,13 +15,14 @@ import torch
 import triton
 import triton.language as tl
 
-from . import autotune
 from .autotune import TileConfig
-from .epilogue import Epilogue, apply_epilogue
-from .launch import cdiv, launch, launch_options
+from .epilogue import Epilogue
+from .launch import KernelCall, cdiv, choose_tile
+from .tiles import decode_rows, epilogue_tile, row_offsets, store_tile
 
 
-@triton.jit
+# Image sizes vary per layer: not specialized, so layers that differ only in them share one compile.
+@triton.jit(do_not_specialize=["H", "W", "OH", "OW", "M"])
 def _depthwise_act_kernel(
     # pointers
     x_ptr,
@@ -70,11 +71,7 @@ def _depthwise_act_kernel(
     offs_c = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = offs_m < M
     c_ok = offs_c < C
-    rows = tl.where(m_ok, offs_m, 0)
-    ohw = OH * OW
-    n_idx = rows // ohw
-    oh = (rows % ohw) // OW
-    ow = rows % OW
+    n_idx, oh, ow = decode_rows(offs_m, m_ok, OH, OW)
     ih0 = oh * stride_h - pad_top
     iw0 = ow * stride_w - pad_left
     x_rows = x_ptr + n_idx.to(tl.int64) * sx_n
@@ -94,22 +91,10 @@ def _depthwise_act_kernel(
             # Round the activation to the weights' (operand) dtype first, as the GEMM kernels do.
             acc += x.to(w.dtype).to(tl.float32) * w.to(tl.float32)[None, :]
 
-    if HAS_BIAS:  # noqa: SIM108  (a constexpr branch: only one side is compiled)
-        bias = tl.load(bias_ptr + offs_c, mask=c_ok, other=0.0)[None, :]
-    else:
-        bias = 0.0
-    if RESIDUAL != 0:
-        r_rows = n_idx.to(tl.int64) * sr_n + oh.to(tl.int64) * sr_h + ow.to(tl.int64) * sr_w
-        res = tl.load(
-            res_ptr + r_rows[:, None] + offs_c[None, :].to(tl.int64) * sr_c,
-            mask=m_ok[:, None] & c_ok[None, :],
-            other=0.0,
-        ).to(tl.float32)
-    else:
-        res = 0.0
-    y = apply_epilogue(acc, bias, res, alpha, scale, ACT, RESIDUAL, HAS_SCALE)
-    out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_c[None, :]
-    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & c_ok[None, :])
+    res_rows = row_offsets(n_idx, oh, ow, sr_n, sr_h, sr_w)
+    y = epilogue_tile(acc, offs_c, c_ok, m_ok, bias_ptr, res_ptr, res_rows, sr_c, alpha, scale,
+                      HAS_BIAS, ACT, RESIDUAL, HAS_SCALE)  # fmt: skip
+    store_tile(out_ptr, offs_m, stride_om, offs_c, m_ok, c_ok, y)
 
 
 INTERPRET_CONFIG = TileConfig(128, 32, 1, 1, 4, 1)
@@ -139,10 +124,11 @@ def prepare_depthwise(
     dilation: tuple[int, int],
     interpret: bool,
     precision_name: str,
+    tile: TileConfig | None = None,
 ) -> Callable[..., Any]:
     """Choose the tile for checked example inputs; return ``run(x, w, bias32, res4, out)`` for every call
-    of the same signature. ``out`` is ``[N, OH, OW, C]`` contiguous (NHWC), ``res4`` the residual
-    expanded to ``[N, C, OH, OW]``."""
+    of the same signature. ``out`` is ``[N, OH, OW, C]`` NHWC with unit channel stride and pixels as rows
+    of one stride (``out.stride(2)``), ``res4`` the residual expanded to ``[N, C, OH, OW]``."""
     n, c, h, wd = x.shape
     _, oh, ow, _ = out.shape
     m = n * oh * ow
@@ -152,7 +138,7 @@ def prepare_depthwise(
         stride[0], stride[1], padding[0], padding[2], dilation[0], dilation[1],
         x.stride(0), x.stride(2), x.stride(3), x.stride(1),
         *res_strides,
-        c,
+        out.stride(2),
         float(epilogue.alpha), float(epilogue.scale),
     )  # fmt: skip
     constexprs = {
@@ -163,18 +149,13 @@ def prepare_depthwise(
         "RESIDUAL": int(epilogue.residual),
         "HAS_SCALE": epilogue.scale != 1.0,
     }
+    call = KernelCall(_depthwise_act_kernel, scalars, constexprs, interpret)
 
     def runner(config: TileConfig) -> Callable[..., Any]:
-        options = launch_options(_depthwise_act_kernel, constexprs, config)
+        options = call.options(config)
         grid = (cdiv(m, config.block_m), cdiv(c, config.block_n))
+        return lambda x, w, bias32, res4, out: call.launch(grid, (x, w, bias32, res4, out), options)
 
-        def run(x: torch.Tensor, w: torch.Tensor, bias32: Any, res4: Any, out: torch.Tensor) -> Any:
-            return launch(_depthwise_act_kernel, grid, (x, w, bias32, res4, out, *scalars), options, interpret)
-
-        return run
-
-    if interpret:
-        return runner(INTERPRET_CONFIG)
     key = {
         "x": [n, c, h, wd],
         "x_strides": list(x.stride()),
@@ -184,13 +165,15 @@ def prepare_depthwise(
         "dilation": list(dilation),
         "x_dtype": str(x.dtype),
         "precision": precision_name,
-        "gpu": torch.cuda.get_device_name(x.device),
-        "triton": triton.__version__,
     }
-    config = autotune.choose(
+    config = choose_tile(
         "depthwise_act",
         key,
         depthwise_candidates(c),
-        lambda cfg: autotune.do_bench_ms(lambda: runner(cfg)(x, w, bias32, res4, out)),
+        lambda cfg: runner(cfg)(x, w, bias32, res4, out),
+        interpret=interpret,
+        interpret_config=INTERPRET_CONFIG,
+        forced=tile,
+        device=x.device,
     )
     return runner(config)

@@ -19,17 +19,14 @@ import torch
 import triton
 import triton.language as tl
 
-from . import autotune
 from .autotune import TileConfig
-from .epilogue import Epilogue, apply_epilogue
-from .launch import cdiv, launch, launch_options
-
-# Use the direct kernel up to this many multiply-adds per output value (taps are unrolled).
-MAX_DIRECT_TAPS = 64
-MAX_DIRECT_CIN = 4
+from .epilogue import Epilogue
+from .launch import KernelCall, cdiv, choose_tile
+from .tiles import decode_rows, epilogue_tile, row_offsets, store_tile
 
 
-@triton.jit
+# Image sizes vary per layer: not specialized, so layers that differ only in them share one compile.
+@triton.jit(do_not_specialize=["H", "W", "OH", "OW", "M"])
 def _direct_conv_act_kernel(
     # pointers; w is the GEMM-layout packed weight [C_out, K_pad], K ordered (kh, kw, c)
     x_ptr,
@@ -82,11 +79,7 @@ def _direct_conv_act_kernel(
     m_ok = offs_m < M
     n_ok = offs_n < C_OUT_G
     channels = group * C_OUT_G + offs_n
-    rows = tl.where(m_ok, offs_m, 0)
-    ohw = OH * OW
-    n_idx = rows // ohw
-    oh = (rows % ohw) // OW
-    ow = rows % OW
+    n_idx, oh, ow = decode_rows(offs_m, m_ok, OH, OW)
     ih0 = oh * stride_h - pad_top
     iw0 = ow * stride_w - pad_left
     x_rows = x_ptr + n_idx.to(tl.int64) * sx_n + (group * C_IN_G).to(tl.int64) * sx_c
@@ -105,24 +98,10 @@ def _direct_conv_act_kernel(
                 xv = tl.load(pix + c * sx_c, mask=ok, other=0.0)
                 acc += xv.to(wv.dtype).to(tl.float32)[:, None] * wv.to(tl.float32)[None, :]
 
-    if HAS_BIAS:  # noqa: SIM108  (a constexpr branch: only one side is compiled)
-        bias = tl.load(bias_ptr + channels, mask=n_ok, other=0.0)[None, :]
-    else:
-        bias = 0.0
-    if RESIDUAL != 0:
-        r_rows = n_idx.to(tl.int64) * sr_n + oh.to(tl.int64) * sr_h + ow.to(tl.int64) * sr_w
-        res_ptrs = res_ptr + r_rows[:, None] + channels[None, :].to(tl.int64) * sr_c
-        res = tl.load(res_ptrs, mask=m_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
-    else:
-        res = 0.0
-    y = apply_epilogue(acc, bias, res, alpha, scale, ACT, RESIDUAL, HAS_SCALE)
-    out_ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + channels[None, :]
-    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-
-
-def direct_applies(c_in_g: int, kernel_size: tuple[int, int]) -> bool:
-    """Whether a (non-depthwise) convolution takes the direct kernel."""
-    return c_in_g <= MAX_DIRECT_CIN and c_in_g * kernel_size[0] * kernel_size[1] <= MAX_DIRECT_TAPS
+    res_rows = row_offsets(n_idx, oh, ow, sr_n, sr_h, sr_w)
+    y = epilogue_tile(acc, channels, n_ok, m_ok, bias_ptr, res_ptr, res_rows, sr_c, alpha, scale,
+                      HAS_BIAS, ACT, RESIDUAL, HAS_SCALE)  # fmt: skip
+    store_tile(out_ptr, offs_m, stride_om, channels, m_ok, n_ok, y)
 
 
 INTERPRET_CONFIG = TileConfig(128, 16, 1, 1, 4, 1)
@@ -153,9 +132,11 @@ def prepare_direct(
     dilation: tuple[int, int],
     interpret: bool,
     precision_name: str,
+    tile: TileConfig | None = None,
 ) -> Callable[..., Any]:
     """Choose the tile for checked example inputs; return ``run(x, w, bias32, res4, out)`` for every call
-    of the same signature. ``out`` is ``[N, OH, OW, C_out]`` contiguous (NHWC)."""
+    of the same signature. ``out`` is ``[N, OH, OW, C_out]`` NHWC with unit channel stride and pixels as
+    rows of one stride (``out.stride(2)``: more than C_out for a channel slice of a wider buffer)."""
     n, c_in, h, wd = x.shape
     _, oh, ow, _ = out.shape
     m = n * oh * ow
@@ -167,7 +148,7 @@ def prepare_direct(
         x.stride(0), x.stride(2), x.stride(3), x.stride(1),
         w.stride(0),
         *res_strides,
-        c_out,
+        out.stride(2),
         float(epilogue.alpha), float(epilogue.scale),
     )  # fmt: skip
     constexprs = {
@@ -179,18 +160,13 @@ def prepare_direct(
         "RESIDUAL": int(epilogue.residual),
         "HAS_SCALE": epilogue.scale != 1.0,
     }
+    call = KernelCall(_direct_conv_act_kernel, scalars, constexprs, interpret)
 
     def runner(config: TileConfig) -> Callable[..., Any]:
-        options = launch_options(_direct_conv_act_kernel, constexprs, config)
+        options = call.options(config)
         grid = (cdiv(m, config.block_m), cdiv(c_out_g, config.block_n), groups)
+        return lambda x, w, bias32, res4, out: call.launch(grid, (x, w, bias32, res4, out), options)
 
-        def run(x: torch.Tensor, w: torch.Tensor, bias32: Any, res4: Any, out: torch.Tensor) -> Any:
-            return launch(_direct_conv_act_kernel, grid, (x, w, bias32, res4, out, *scalars), options, interpret)
-
-        return run
-
-    if interpret:
-        return runner(INTERPRET_CONFIG)
     key = {
         "x": list(x.shape),
         "x_strides": list(x.stride()),
@@ -202,13 +178,15 @@ def prepare_direct(
         "dilation": list(dilation),
         "x_dtype": str(x.dtype),
         "precision": precision_name,
-        "gpu": torch.cuda.get_device_name(x.device),
-        "triton": triton.__version__,
     }
-    config = autotune.choose(
+    config = choose_tile(
         "direct_conv_act",
         key,
         direct_candidates(c_out_g),
-        lambda c: autotune.do_bench_ms(lambda: runner(c)(x, w, bias32, res4, out)),
+        lambda c: runner(c)(x, w, bias32, res4, out),
+        interpret=interpret,
+        interpret_config=INTERPRET_CONFIG,
+        forced=tile,
+        device=x.device,
     )
     return runner(config)

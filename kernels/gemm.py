@@ -15,31 +15,35 @@ import torch
 import triton
 import triton.language as tl
 
-from . import autotune
 from .autotune import TileConfig, matmul_candidates
-from .epilogue import NO_EPILOGUE, Epilogue, apply_epilogue
+from .epilogue import NO_EPILOGUE, Epilogue
 from .launch import (
+    KernelCall,
+    PlanCache,
     aligned_2d,
     cdiv,
     check_bias,
     check_device,
     check_float,
+    check_out,
     check_path,
     check_residual,
+    choose_tile,
     descriptors_available,
     dot_precision,
-    launch,
-    launch_options,
     make_descriptor,
     tensor_meta,
 )
 from .packing import PackedGemmWeight
 from .precision import Precision, dot_acc
+from .splitk import SplitReduce, split_k_candidates
+from .tiles import decode_rows, finish_tile, grouped_tile, row_offsets, split_range
 
 
-@triton.jit
+# M and M_INNER vary with the batch and sequence length: not specialized, one compile serves them all.
+@triton.jit(do_not_specialize=["M", "M_INNER"])
 def _gemm_act_kernel(
-    # pointers, or tensor descriptors when USE_DESC (a, w, c)
+    # pointers, or tensor descriptors when USE_DESC (a, w, c); c is the float32 workspace when SPLIT_K > 1
     a_ref,
     w_ref,
     bias_ptr,
@@ -70,81 +74,65 @@ def _gemm_act_kernel(
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     USE_DESC: tl.constexpr,
+    SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    # Grouped ordering of the output tiles: GROUP_M row-tiles share each W column-tile in L2.
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    pids_in_group = GROUP_M * num_pid_n
-    first_pid_m = (pid // pids_in_group) * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (pid % pids_in_group) % group_size_m
-    pid_n = (pid % pids_in_group) // group_size_m
-
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    split = tl.program_id(1)
+    k_lo, k_hi = split_range(K, split, BLOCK_K, SPLIT_K)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     m_ok = offs_m < M
     n_ok = offs_n < N
+    # A's rows (b, s) are output rows decoded with OH = M_INNER, OW = 1 (see tiles.py)
+    b_idx, s_idx, o_idx = decode_rows(offs_m, m_ok, M_INNER, 1)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
     if USE_DESC:
-        for k0 in range(0, K, BLOCK_K):
+        for k0 in range(k_lo, k_hi, BLOCK_K):
             a = a_ref.load([pid_m * BLOCK_M, k0])
             w = w_ref.load([pid_n * BLOCK_N, k0])
             acc = dot_acc(a, w.T, acc, DOT_PRECISION, UPCAST)
     else:
-        rows = tl.where(m_ok, offs_m, 0)
-        a_rows = (rows // M_INNER).to(tl.int64) * stride_ab + (rows % M_INNER).to(tl.int64) * stride_am
-        a_ptrs = a_ref + a_rows[:, None] + offs_k[None, :] * stride_ak
-        w_ptrs = w_ref + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
-        for k0 in range(0, K, BLOCK_K):
-            k_ok = offs_k < K - k0
+        a_rows = row_offsets(b_idx, s_idx, o_idx, stride_ab, stride_am, 0)
+        a_ptrs = a_ref + a_rows[:, None] + (k_lo + offs_k)[None, :] * stride_ak
+        w_ptrs = w_ref + offs_n[None, :].to(tl.int64) * stride_wn + (k_lo + offs_k)[:, None]
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            k_ok = offs_k < k_hi - k0
             a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
             acc = dot_acc(a, w, acc, DOT_PRECISION, UPCAST)
             a_ptrs += BLOCK_K * stride_ak
             w_ptrs += BLOCK_K
 
-    if HAS_BIAS:  # noqa: SIM108  (a constexpr branch: only one side is compiled)
-        bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
-    else:
-        bias = 0.0
-    if RESIDUAL != 0:
-        rows = tl.where(m_ok, offs_m, 0)
-        r_rows = (rows // M_INNER).to(tl.int64) * stride_rb + (rows % M_INNER).to(tl.int64) * stride_rm
-        res_ptrs = res_ptr + r_rows[:, None] + offs_n[None, :].to(tl.int64) * stride_rn
-        res = tl.load(res_ptrs, mask=m_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
-    else:
-        res = 0.0
-    y = apply_epilogue(acc, bias, res, alpha, scale, ACT, RESIDUAL, HAS_SCALE)
-
-    if USE_DESC:
-        c_ref.store([pid_m * BLOCK_M, pid_n * BLOCK_N], y.to(c_ref.dtype))
-    else:
-        c_ptrs = c_ref + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :]
-        tl.store(c_ptrs, y.to(c_ref.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    res_rows = row_offsets(b_idx, s_idx, o_idx, stride_rb, stride_rm, 0)
+    finish_tile(acc, c_ref, offs_m, offs_n, m_ok, n_ok, pid_m * BLOCK_M, pid_n * BLOCK_N, split, M, N, stride_cm,
+                bias_ptr, res_ptr, res_rows, stride_rn, alpha, scale, HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, USE_DESC,
+                SPLIT_K)  # fmt: skip
 
 
 INTERPRET_CONFIG = TileConfig(32, 32, 32, group_m=2, num_warps=4, num_stages=1)
 
 
 def gemm_candidates(m: int, n: int, k: int, operand_bytes: int) -> list[TileConfig]:
-    """The short list of tile configs worth measuring for an ``m x k x n`` problem (first = default)."""
+    """The short list of tile configs worth measuring for an ``m x k x n`` problem (first = default),
+    small-grid split-K variants included (splitk.py)."""
     bk = 64 if operand_bytes == 2 else 32
     if m <= 32:
         bm = 16 if m <= 16 else 32
-        return [
+        base = [
             TileConfig(bm, 64, 2 * bk, 1, 4, 4),
             TileConfig(bm, 128, 2 * bk, 1, 4, 3),
             TileConfig(bm, 32, 4 * bk, 1, 4, 3),
             TileConfig(bm, 128, bk, 1, 4, 5),
         ]
-    return matmul_candidates(m, n, k, bk)
+    else:
+        base = matmul_candidates(m, n, k, bk)
+    return split_k_candidates(base, m, n, lambda c: cdiv(k, c.block_k))
 
 
 def _as_rows(t: torch.Tensor) -> torch.Tensor | None:
@@ -167,12 +155,14 @@ def prepare_gemm(
     out2: torch.Tensor,
     interpret: bool,
     path: str,
+    tile: TileConfig | None = None,
 ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor], Any]:
     """Choose the path and the tile for checked example inputs and return ``run(a3, w, bias32, res3, out2)``,
     which launches the kernel on any tensors of the same shapes, strides, dtypes and alignment.
 
     ``a3 [B, S, K]`` has any strides, ``w`` is ``[N, K_pad]``, ``res3 [B, S, N]`` any strides (None
-    without a residual), ``out2 [B * S, N]`` contiguous. The first call measures the tile candidates.
+    without a residual), ``out2 [B * S, N]`` unit channel stride and any row stride. The first call
+    measures the tile candidates unless ``tile`` forces one.
     """
     b, s, k = a3.shape
     m = b * s
@@ -186,12 +176,11 @@ def prepare_gemm(
             f"(strides {a3.stride()}), W and C [{m}, {n}] ({a3.dtype}), and a GPU with TMA"
         )
     use_desc = can_desc and path != "pointer"
-    a_strides = a3.stride()
     a_row_stride = a2.stride(0) if a2 is not None else 0
     res_strides = res3.stride() if res3 is not None else (0, 0, 0)
     scalars = (
         m, n, k, s,
-        *a_strides,
+        *a3.stride(),
         w.stride(0),
         *res_strides,
         out2.stride(0),
@@ -206,59 +195,57 @@ def prepare_gemm(
         "UPCAST": interpret,
         "USE_DESC": use_desc,
     }
+    call = KernelCall(_gemm_act_kernel, scalars, constexprs, interpret)
 
     def runner(config: TileConfig) -> Callable[..., Any]:
-        options = launch_options(_gemm_act_kernel, constexprs, config)
-        grid = (cdiv(m, config.block_m) * cdiv(n, config.block_n),)
-        a_block, w_block, c_block = (
-            [config.block_m, config.block_k],
-            [config.block_n, config.block_k],
-            [
-                config.block_m,
-                config.block_n,
-            ],
-        )
+        options = call.options(config)
+        grid = (cdiv(m, config.block_m) * cdiv(n, config.block_n), config.split_k)
+        a_block, w_block = [config.block_m, config.block_k], [config.block_n, config.block_k]
+        c_block = [config.block_m, config.block_n]
+        reduce = None
+        if config.split_k > 1:
+            res_rows = (res_strides[0], res_strides[1], 0, res_strides[2])
+            reduce = SplitReduce(config.split_k, m, n, (s, 1), res_rows, out2.stride(0), epilogue,
+                                 bias32 is not None, out2.device, interpret)  # fmt: skip
 
         def run(a3: torch.Tensor, w: torch.Tensor, bias32: Any, res3: Any, out2: torch.Tensor) -> Any:
             if use_desc:
-                a_rows = a3.as_strided((m, k), (a_row_stride, 1))
-                refs = (make_descriptor(a_rows, a_block), make_descriptor(w, w_block), make_descriptor(out2, c_block))
+                a_ref = make_descriptor(a3.as_strided((m, k), (a_row_stride, 1)), a_block)
+                w_ref = make_descriptor(w, w_block)
             else:
-                refs = (a3, w, out2)
-            return launch(
-                _gemm_act_kernel, grid, (refs[0], refs[1], bias32, res3, refs[2], *scalars), options, interpret
-            )
+                a_ref, w_ref = a3, w
+            if reduce is not None:
+                return reduce(
+                    lambda ws: call.launch(grid, (a_ref, w_ref, bias32, res3, ws), options), bias32, res3, out2
+                )
+            c_ref = make_descriptor(out2, c_block) if use_desc else out2
+            return call.launch(grid, (a_ref, w_ref, bias32, res3, c_ref), options)
 
         return run
 
-    if interpret:
-        config = INTERPRET_CONFIG
-    else:
-        key = {
-            "m_bucket": triton.next_power_of_2(m),
-            "n": n,
-            "k": k,
-            "a_dtype": str(a3.dtype),
-            "w_dtype": str(w.dtype),
-            "precision": precision.value,
-            "descriptor": use_desc,
-            "gpu": torch.cuda.get_device_name(out2.device),
-            "triton": triton.__version__,
-        }
-        config = autotune.choose(
-            "gemm_act",
-            key,
-            gemm_candidates(m, n, k, w.element_size()),
-            lambda c: autotune.do_bench_ms(lambda: runner(c)(a3, w, bias32, res3, out2)),
-        )
+    key = {
+        "m_bucket": triton.next_power_of_2(m),
+        "n": n,
+        "k": k,
+        "a_dtype": str(a3.dtype),
+        "w_dtype": str(w.dtype),
+        "precision": precision.value,
+        "descriptor": use_desc,
+    }
+    config = choose_tile(
+        "gemm_act",
+        key,
+        gemm_candidates(m, n, k, w.element_size()),
+        lambda c: runner(c)(a3, w, bias32, res3, out2),
+        interpret=interpret,
+        interpret_config=INTERPRET_CONFIG,
+        forced=tile,
+        device=out2.device,
+    )
     return runner(config)
 
 
-# Launch plans by call signature: the checks, the path and tile choice and the launch options are
-# done once per signature; later calls with the same signature only allocate and launch. On small
-# problems the launcher's CPU time is the runtime, so this is where batch-1 speed is won or lost.
-_plans: dict[tuple[Any, ...], Callable[..., torch.Tensor]] = {}
-autotune.register_plan_cache(_plans)
+_plans = PlanCache()
 
 
 def gemm_act(
@@ -268,18 +255,24 @@ def gemm_act(
     *,
     epilogue: Epilogue = NO_EPILOGUE,
     residual: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
     interpret: bool = False,
     path: str = "auto",
+    tile: TileConfig | None = None,
 ) -> torch.Tensor:
     """``epilogue(a @ W^T + bias)`` for ``a`` of shape ``[..., K]`` (2-D or 3-D, any strides).
 
     The dot runs in ``weight.precision`` (activations are cast to its operand dtype as they are
     loaded, accumulation is float32); the result has ``a``'s dtype and shape ``[..., N]``.
-    ``residual`` broadcasts to the output. ``interpret=True`` runs the same kernel in Triton's
-    interpreter on CPU tensors. ``path`` forces the tensor-descriptor or the pointer path (tests).
+    ``residual`` broadcasts to the output. ``out`` is written instead of a new tensor when given: the
+    output's shape and dtype, unit stride along N, rows of one stride (a column slice of a wider
+    buffer is fine). ``interpret=True`` runs the same kernel in Triton's interpreter on CPU tensors.
+    ``path`` forces the tensor-descriptor or the pointer path and ``tile`` a tile config (tests).
     """
-    plan = gemm_act_plan(a, weight, bias, epilogue=epilogue, residual=residual, interpret=interpret, path=path)
-    return plan(a, weight.data, bias, residual)
+    plan = gemm_act_plan(
+        a, weight, bias, epilogue=epilogue, residual=residual, out=out, interpret=interpret, path=path, tile=tile
+    )
+    return plan(a, weight.data, bias, residual, out)
 
 
 def gemm_act_plan(
@@ -289,27 +282,22 @@ def gemm_act_plan(
     *,
     epilogue: Epilogue = NO_EPILOGUE,
     residual: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
     interpret: bool = False,
     path: str = "auto",
-) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None], torch.Tensor]:
-    """The launch plan of :func:`gemm_act` for calls like this one: ``plan(a, weight.data, bias, residual)``.
+    tile: TileConfig | None = None,
+) -> Callable[..., torch.Tensor]:
+    """The launch plan of :func:`gemm_act` for calls like this one: ``plan(a, weight.data, bias, residual)``,
+    or ``plan(a, weight.data, bias, residual, out)`` for a plan made with an ``out``.
 
     Valid for any tensors with the same shapes, strides, dtypes, devices and 16-byte alignment as the
     example ones (see :func:`fuser.kernels.conv.conv2d_act_plan`).
     """
-    try:
-        key = (
-            tensor_meta(a), tensor_meta(weight.data), weight.out_features, weight.in_features, weight.precision,
-            tensor_meta(bias), tensor_meta(residual), epilogue, interpret, path,
-        )  # fmt: skip
-        plan = _plans.get(key)
-    except (AttributeError, TypeError):  # not tensors, or unhashable: the checks will say what is wrong
-        key, plan = None, None
-    if plan is None:
-        plan = _plan_gemm(a, weight, bias, epilogue, residual, interpret, path)
-        if key is not None:
-            _plans[key] = plan
-    return plan
+    key = lambda: (
+        tensor_meta(a), tensor_meta(weight.data), weight.out_features, weight.in_features, weight.precision,
+        tensor_meta(bias), tensor_meta(residual), tensor_meta(out), epilogue, interpret, path, tile,
+    )  # fmt: skip
+    return _plans.get(key, lambda: _plan_gemm(a, weight, bias, epilogue, residual, out, interpret, path, tile))
 
 
 def _plan_gemm(
@@ -318,8 +306,10 @@ def _plan_gemm(
     bias: torch.Tensor | None,
     epilogue: Epilogue,
     residual: torch.Tensor | None,
+    out: torch.Tensor | None,
     interpret: bool,
     path: str,
+    tile: TileConfig | None,
 ) -> Callable[..., torch.Tensor]:
     """Check one call's inputs (clear errors) and build the plan that serves every call like it."""
     op = "gemm_act"
@@ -333,24 +323,33 @@ def _plan_gemm(
     n, k = weight.out_features, weight.in_features
     if a.shape[-1] != k:
         raise ValueError(f"{op}: a has K={a.shape[-1]} (shape {tuple(a.shape)}) but the weight expects K={k}")
-    device = check_device(op, interpret, {"a": a, "weight": weight.data, "bias": bias, "residual": residual})
+    device = check_device(
+        op, interpret, {"a": a, "weight": weight.data, "bias": bias, "residual": residual, "out": out}
+    )
     bias32 = check_bias(op, bias, n)
     convert_bias = bias32 is not None and bias32 is not bias
     out_shape = (*a.shape[:-1], n)
     dtype = a.dtype
     res = check_residual(op, epilogue, residual, out_shape)
-    out = torch.empty(out_shape, dtype=dtype, device=device)
-    if out.numel() == 0:
-        return lambda a, w, bias, residual: torch.empty(out_shape, dtype=dtype, device=device)
+    example = torch.empty(out_shape, dtype=dtype, device=device) if out is None else out
+    out_rows = check_out(op, example, out_shape, dtype, device, len(out_shape) - 1)
+    rows = lambda t: t.as_strided(out_rows.shape, out_rows.stride())
+    if example.numel() == 0:
+        return lambda a, w, bias, residual, out=None: (
+            torch.empty(out_shape, dtype=dtype, device=device) if out is None else out
+        )
     to3 = (lambda t: t) if a.dim() == 3 else (lambda t: t.unsqueeze(0))
     res3 = None if res is None else to3(res)
-    run = prepare_gemm(op, to3(a), weight.data, n, weight.precision, bias32, epilogue, res3, out.view(-1, n),
-                       interpret, path)  # fmt: skip
+    run = prepare_gemm(op, to3(a), weight.data, n, weight.precision, bias32, epilogue, res3, out_rows,
+                       interpret, path, tile)  # fmt: skip
 
-    def plan(a: torch.Tensor, w: torch.Tensor, bias: Any, residual: Any) -> torch.Tensor:
-        out = torch.empty(out_shape, dtype=dtype, device=device)
+    def plan(
+        a: torch.Tensor, w: torch.Tensor, bias: Any, residual: Any, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if out is None:
+            out = torch.empty(out_shape, dtype=dtype, device=device)
         res3 = None if residual is None else to3(residual.expand(out_shape))
-        run(to3(a), w, bias.float().contiguous() if convert_bias else bias, res3, out.view(-1, n))
+        run(to3(a), w, bias.float().contiguous() if convert_bias else bias, res3, rows(out))
         return out
 
     return plan

@@ -1,18 +1,26 @@
-"""What every launcher shares: input checks with clear errors, the compiled/interpreted launch switch,
-and the choice between the tensor-descriptor (TMA) path and the pointer path."""
+"""The host scaffold every launcher extends: input checks with clear errors, the plan cache, the tile
+choice (forced, interpreter default or measured), the compiled/interpreted launch switch, and the
+choice between the tensor-descriptor (TMA) path and the pointer path.
+
+A kernel file adds its ``@triton.jit`` kernel, its candidate list and a ``prepare_*`` that turns checked
+example inputs into ``run(...)``: it builds a :class:`KernelCall` (the kernel with the call's scalars and
+constexprs), a ``runner(config)`` and hands both to :func:`choose_tile`.
+"""
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import triton
 from triton import knobs
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
+from . import autotune
 from .autotune import TileConfig
 from .epilogue import Epilogue, Residual
 from .interpret import run_interpreted
@@ -234,6 +242,8 @@ DIRECT_LAUNCH = True
 def launch_options(kernel: JITFunction, constexprs: dict[str, Any], config: TileConfig) -> LaunchOptions:
     """Options of one plan's launches: the kernel's constexprs, its tile constexprs, warps and stages."""
     tile = {name: value for name, value in config.constexprs().items() if name in kernel.arg_names}
+    if "SPLIT_K" in kernel.arg_names and "SPLIT_K" not in constexprs:  # the reduction sets its own
+        tile["SPLIT_K"] = config.split_k
     return LaunchOptions({**constexprs, **tile, "num_warps": config.num_warps, "num_stages": config.num_stages})
 
 
@@ -250,3 +260,104 @@ def launch(
         run_interpreted(kernel, grid, *args, **options.kwargs)
         return None
     return options.launch(kernel, grid, args)
+
+
+class KernelCall:
+    """One kernel's launches for one call signature: the JIT function, the call's trailing scalar
+    arguments (sizes, strides, epilogue scalars: constants of the signature) and its constexprs."""
+
+    __slots__ = ("constexprs", "interpret", "kernel", "scalars")
+
+    def __init__(
+        self, kernel: JITFunction, scalars: Sequence[Any], constexprs: dict[str, Any], interpret: bool
+    ) -> None:
+        self.kernel, self.scalars, self.constexprs, self.interpret = kernel, tuple(scalars), constexprs, interpret
+
+    def options(self, config: TileConfig) -> LaunchOptions:
+        return launch_options(self.kernel, self.constexprs, config)
+
+    def launch(self, grid: tuple[int, ...], pointers: Sequence[Any], options: LaunchOptions) -> Any:
+        """Launch with ``pointers`` (tensors or descriptors) followed by the signature's scalars."""
+        return launch(self.kernel, grid, (*pointers, *self.scalars), options, self.interpret)
+
+
+def choose_tile(
+    name: str,
+    key: dict[str, Any],
+    candidates: Sequence[TileConfig],
+    bench_call: Callable[[TileConfig], Any],
+    *,
+    interpret: bool,
+    interpret_config: TileConfig,
+    forced: TileConfig | None,
+    device: torch.device,
+) -> TileConfig:
+    """The tile of a plan: ``forced`` when given (tests, and tools that sweep every candidate); under the
+    interpreter ``interpret_config`` (large tiles, few programs: the interpreter's cost is per program);
+    else :func:`autotune.choose` among ``candidates``, timing ``bench_call(config)`` on the example
+    tensors. ``key`` describes the problem; the GPU and triton version are added here."""
+    if forced is not None:
+        return forced
+    if interpret:
+        return interpret_config
+    full_key = {**key, "gpu": torch.cuda.get_device_name(device), "triton": triton.__version__}
+    return autotune.choose(name, full_key, candidates, lambda c: autotune.do_bench_ms(lambda: bench_call(c)))
+
+
+class PlanCache:
+    """Launch plans by call signature: a launcher's checks, kernel and tile choice run on the first call of
+    a signature; later calls look the plan up by a tuple and only allocate and launch (on small problems
+    the launcher's CPU time is the runtime). Emptied with the tile choices (:func:`autotune.set_cache_dir`)."""
+
+    def __init__(self) -> None:
+        self._plans: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        autotune.register_plan_cache(self._plans)
+
+    def get(self, key: Callable[[], tuple[Any, ...]], build: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
+        """The plan under ``key()``, built by ``build()`` if new. A key that cannot be made (arguments that
+        are not tensors, unhashable values) builds without caching, so the checks in ``build`` report it."""
+        try:
+            signature: tuple[Any, ...] | None = key()
+            plan = self._plans.get(signature)  # type: ignore[arg-type]
+        except (AttributeError, TypeError):
+            signature, plan = None, None
+        if plan is None:
+            plan = build()
+            if signature is not None:
+                self._plans[signature] = plan
+        return plan
+
+
+def check_out(
+    op: str, out: torch.Tensor, shape: Sequence[int], dtype: torch.dtype, device: torch.device, channel_dim: int
+) -> torch.Tensor:
+    """A caller's preallocated output as the kernels' rows view ``[rows, channels]`` (unit channel stride,
+    one row stride, which may exceed the channel count: a channel slice of a wider buffer).
+
+    ``shape`` is the logical output shape and ``channel_dim`` its channel dimension (1 for a conv's NCHW
+    logical shape, the last for a GEMM); the other dimensions, in NHWC / row-major order, must be
+    addressable as rows of one stride.
+    """
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(shape):
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"{op}: out must have the output's shape {tuple(shape)}, got {got}")
+    if out.dtype != dtype or out.device != device:
+        raise ValueError(f"{op}: out must be {dtype} on {device} like the output, got {out.dtype} on {out.device}")
+    channels = shape[channel_dim]
+    row_dims = [d for d in range(len(shape)) if d != channel_dim]
+    # The row stride is that of the innermost row dimension with more than one entry (size-1 dims have
+    # arbitrary strides); a single row can have any.
+    row_stride = next((out.stride(d) for d in reversed(row_dims) if shape[d] > 1), channels)
+    expected, ok = row_stride, out.stride(channel_dim) == 1 or channels == 1
+    for d in reversed(row_dims):
+        ok = ok and (shape[d] == 1 or out.stride(d) == expected)
+        expected *= shape[d]
+    if not ok or row_stride < channels:
+        raise ValueError(
+            f"{op}: out (strides {out.stride()}) must hold channels contiguously and its pixels as rows of one "
+            f"stride >= {channels} (a channels_last tensor, or a channel slice of one)"
+        )
+    rows = 1
+    for d in row_dims:
+        rows *= shape[d]
+    return out.as_strided((rows, channels), (row_stride, 1))

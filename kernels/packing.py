@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .direct_conv import direct_applies
+from .conv_choice import conv_kernel, is_depthwise
 from .precision import Precision, round_to_tf32
 
 K_ALIGN = 16  # elements: 64 bytes in float32, 32 bytes in 16-bit, both multiples of TMA's 16
@@ -35,11 +35,6 @@ def operand_dtype(precision: Precision) -> torch.dtype:
 def padded_k(k: int) -> int:
     """``k`` rounded up to the packing alignment."""
     return -(-k // K_ALIGN) * K_ALIGN
-
-
-def is_depthwise(in_channels: int, out_channels: int, groups: int) -> bool:
-    """True for convolutions that take the direct depthwise kernel."""
-    return groups > 1 and groups == in_channels == out_channels
 
 
 @dataclass(frozen=True)
@@ -165,7 +160,8 @@ def pack_conv_weight(weight: torch.Tensor, precision: Precision | str, groups: i
     else:
         flat = w.permute(0, 2, 3, 1).reshape(c_out, kh * kw * c_in_g)
         # the direct kernel (few input channels) multiplies on the FMA units: its weights stay exact
-        data = _pad_k(flat, precision, tensor_cores=not direct_applies(c_in_g, (kh, kw)))
+        kernel = conv_kernel(in_channels, c_out, groups, (kh, kw))
+        data = _pad_k(flat, precision, tensor_cores=kernel is not None and kernel.tensor_cores)
     return PackedConvWeight(data, int(c_out), int(in_channels), (int(kh), int(kw)), int(groups), precision)
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -34,14 +36,22 @@ class ConvCase:
     c_in: int
     c_out: int
     hw: tuple[int, int]
-    kernel: int
-    stride: int = 1
+    kernel: int | tuple[int, int]
+    stride: int | tuple[int, int] = 1
     padding: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, bottom, left, right
-    dilation: int = 1
+    dilation: int | tuple[int, int] = 1
     groups: int = 1
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def kernel_hw(self) -> tuple[int, int]:
+        return _pair(self.kernel)
+
+
+def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (v[0], v[1])
 
 
 def conv_reference(
@@ -71,9 +81,9 @@ def gemm_reference(
 
 def conv_output_hw(case: ConvCase) -> tuple[int, int]:
     top, bottom, left, right = case.padding
-    h, w = case.hw
-    span = case.dilation * (case.kernel - 1) + 1
-    return (h + top + bottom - span) // case.stride + 1, (w + left + right - span) // case.stride + 1
+    (h, w), (kh, kw) = case.hw, case.kernel_hw
+    (sh, sw), (dh, dw) = _pair(case.stride), _pair(case.dilation)
+    return (h + top + bottom - dh * (kh - 1) - 1) // sh + 1, (w + left + right - dw * (kw - 1) - 1) // sw + 1
 
 
 def conv_inputs(
@@ -87,10 +97,26 @@ def conv_inputs(
     x = torch.randn(case.batch, case.c_in, *case.hw, device=device).to(dtype)
     if channels_last:
         x = x.to(memory_format=torch.channels_last)
-    fan_in = case.c_in // case.groups * case.kernel * case.kernel
-    w = torch.randn(case.c_out, case.c_in // case.groups, case.kernel, case.kernel, device=device) / fan_in**0.5
+    kh, kw = case.kernel_hw
+    fan_in = case.c_in // case.groups * kh * kw
+    w = torch.randn(case.c_out, case.c_in // case.groups, kh, kw, device=device) / fan_in**0.5
     b = torch.randn(case.c_out, device=device)
     residual = None
     if epilogue.residual != Residual.NONE:
         residual = torch.randn(case.batch, case.c_out, *conv_output_hw(case), device=device).to(dtype)
     return x, w, b, residual
+
+
+def record_launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, Any]]]:
+    """Record every interpreted launch from now on as ``(jit function name, constexpr kwargs)``."""
+    from fuser.kernels import launch
+
+    seen: list[tuple[str, dict[str, Any]]] = []
+    real = launch.run_interpreted
+
+    def recording(kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> None:
+        seen.append((kernel.fn.__name__, kwargs))
+        real(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(launch, "run_interpreted", recording)
+    return seen

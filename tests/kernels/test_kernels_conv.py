@@ -16,6 +16,7 @@ from fuser.kernels import (
     conv2d_supported,
     pack_conv_weight,
 )
+from fuser.kernels.autotune import TileConfig
 
 SILU = Epilogue(Activation.SILU)
 
@@ -237,7 +238,7 @@ def test_errors() -> None:
         conv2d_act(x, w, padding=(1, 1, 1), interpret=True)
     with pytest.raises(ValueError, match="descriptor path needs"):
         conv2d_act(x, w, padding=1, path="descriptor", interpret=True)  # C_out=7: rows not 16-byte aligned
-    with pytest.raises(ValueError, match="descriptor path does not exist for direct"):
+    with pytest.raises(ValueError, match="descriptor path does not exist for the direct conv kernel"):
         conv2d_act(
             torch.randn(1, 3, 9, 9),
             pack_conv_weight(torch.randn(8, 3, 3, 3), "ieee"),
@@ -250,3 +251,52 @@ def test_errors() -> None:
         pack_conv_weight(torch.randn(7, 5, 3, 3), "ieee", groups=4)
     with pytest.raises(ValueError, match="unknown precision 'fp8'"):
         pack_conv_weight(torch.randn(7, 5, 3, 3), "fp8")
+
+
+# Height and width told apart: a kernel that ignores dilation, or swaps (h, w) for (h, h), fails one of
+# these on every path. Non-square kernels and images keep the two axes from coinciding.
+ANISOTROPIC = [("dil21", {"dilation": (2, 1)}), ("dil12", {"dilation": (1, 2)}), ("s12", {"stride": (1, 2)})]
+PATHS_2D = [
+    ("direct", dict(c_in=3, c_out=7, kernel=(3, 2)), None),
+    ("depthwise", dict(c_in=5, c_out=5, kernel=(3, 2), groups=5), None),
+    ("flat_k", dict(c_in=5, c_out=7, kernel=(3, 2)), None),
+    ("channel_blocks", dict(c_in=19, c_out=7, kernel=(3, 2)), None),
+    ("grouped_flat_k", dict(c_in=20, c_out=8, kernel=(3, 2), groups=4), None),
+    ("pointwise", dict(c_in=19, c_out=7, kernel=1, padding=(0, 0, 0, 0)), None),  # the 1x1 GEMM unless strided
+    ("split_k", dict(c_in=19, c_out=7, kernel=(3, 2)), TileConfig(32, 16, 16, 2, 4, 1, split_k=3)),
+]
+
+
+@pytest.mark.parametrize(("geometry", "changes"), ANISOTROPIC, ids=[g for g, _ in ANISOTROPIC])
+@pytest.mark.parametrize(("kernel_path", "shape", "tile"), PATHS_2D, ids=[p for p, _, _ in PATHS_2D])
+def test_anisotropic_stride_and_dilation(
+    kernel_path: str, shape: dict, tile: TileConfig | None, geometry: str, changes: dict
+) -> None:
+    case = ConvCase(f"{kernel_path}_{geometry}", 2, hw=(11, 13), **{"padding": (2, 1, 1, 2), **shape, **changes})
+    x, w, b, _ = conv_inputs(case, SILU)
+    out = conv2d_act(
+        x, pack_conv_weight(w, "ieee", groups=case.groups), b, stride=case.stride, padding=case.padding,
+        dilation=case.dilation, epilogue=SILU, interpret=True, tile=tile,
+    )  # fmt: skip
+    assert_close(out, conv_reference(x, w, b, case, SILU, None), "ieee", case.name)
+
+
+@pytest.mark.parametrize(("geometry", "changes"), ANISOTROPIC, ids=[g for g, _ in ANISOTROPIC])
+@pytest.mark.parametrize(("c_in", "groups"), [(3, 1), (19, 1), (5, 5)], ids=["direct", "channel_blocks", "depthwise"])
+def test_anisotropic_geometry_through_the_rewrite(c_in: int, groups: int, geometry: str, changes: dict) -> None:
+    """fuser.optimize must carry (h, w) stride and dilation from the model to the kernel unchanged."""
+    from accuracy import reference64
+    from toy_models import ConvBnAct, seeded
+
+    import fuser
+
+    c_out = c_in if groups > 1 else 7
+    model = seeded(
+        ConvBnAct(torch.nn.SiLU(), c_in, c_out, kernel_size=(3, 2), padding=(2, 1), groups=groups, **changes)
+    )
+    x = torch.randn(2, c_in, 11, 13)
+    opt = fuser.optimize(model, (x,), backend="interpret", precision="ieee")
+    assert [e.fused for e in opt.fusion_report.entries] == [True]
+    with torch.no_grad():
+        out = opt(x)
+    assert_close(out, reference64(model, x), "ieee", f"{geometry} c_in={c_in}")

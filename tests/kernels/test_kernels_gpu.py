@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from accuracy import assert_close
+from accuracy import TOLERANCE, assert_close, rel_error
 from kernels_reference import EPILOGUES, ConvCase, conv_inputs, conv_reference, gemm_reference
 
 from fuser.kernels import (
@@ -19,6 +19,7 @@ from fuser.kernels import (
     autotune,
     conv,
     conv2d_act,
+    conv2d_tile_candidates,
     gemm,
     gemm_act,
     pack_conv_weight,
@@ -244,3 +245,48 @@ def test_direct_launch_matches_jit_launch(monkeypatch: pytest.MonkeyPatch, case:
     gemm_first = gemm_act(a, packed_g, epilogue=Epilogue(Activation.GELU_TANH))
     gemm_again = gemm_act(a, packed_g, epilogue=Epilogue(Activation.GELU_TANH))
     assert torch.equal(gemm_first, gemm_again)
+
+
+# Every tile config the candidate lists can return (defaults, measured choices, split-K and small-tile
+# variants), on 3x3 convs of each routing: Triton has miscompiled flattened (tap x channel block) conv
+# loops at num_warps=8 (pytorch issue 173068), so no config is trusted untested. Late layers at batch 1
+# give the split-K variants; odd channels and stride 2 give masks and the pointer path.
+SWEEP_3X3 = [
+    ConvCase("c64_20_b2", 2, 64, 64, (20, 20), 3, padding=(1, 1, 1, 1)),
+    ConvCase("c512_7_b1", 1, 512, 512, (7, 7), 3, padding=(1, 1, 1, 1)),
+    ConvCase("c256_13_b1_s2", 1, 256, 384, (13, 13), 3, stride=2, padding=(1, 1, 1, 1)),
+    ConvCase("c19_41_odd", 3, 19, 45, (41, 39), 3, stride=2, padding=(0, 1, 1, 0)),
+    ConvCase("flat_c8_33", 2, 8, 24, (33, 31), 3, padding=(1, 1, 1, 1)),
+    ConvCase("stem_c3_97", 2, 3, 16, (97, 95), 3, stride=2, padding=(1, 1, 1, 1)),
+    ConvCase("depthwise_96_b1", 1, 96, 96, (15, 15), 3, padding=(1, 1, 1, 1), groups=96),
+    ConvCase("dil21_c64", 1, 64, 48, (17, 15), 3, padding=(2, 2, 1, 1), dilation=(2, 1)),
+]
+
+
+@pytest.mark.parametrize(
+    ("precision", "dtype"),
+    [("tf32", torch.float32), ("ieee", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)],
+    ids=["tf32", "ieee", "bf16-model", "fp16-model"],
+)
+@pytest.mark.parametrize("case", SWEEP_3X3, ids=str)
+def test_every_tile_candidate_on_3x3(case: ConvCase, precision: str, dtype: torch.dtype) -> None:
+    from triton.runtime.errors import OutOfResources
+
+    epilogue = Epilogue(Activation.SILU, residual=Residual.AFTER_ACT)
+    x, w, b, residual = conv_inputs(case, epilogue, dtype, device="cuda")
+    packed = pack_conv_weight(w, precision, groups=case.groups)
+    ref = conv_reference(x, w, b, case, epilogue, residual)
+    configs = conv2d_tile_candidates(x.shape, packed, case.stride, case.padding, case.dilation)
+    wrong, no_fit = [], []
+    for config in configs:
+        try:
+            out = conv2d_act(x, packed, b, stride=case.stride, padding=case.padding, dilation=case.dilation,
+                             epilogue=epilogue, residual=residual, tile=config)  # fmt: skip
+        except OutOfResources:
+            no_fit.append(config)  # autotune counts it as infinitely slow: never chosen by measurement
+            continue
+        error = rel_error(out, ref)
+        if not error <= TOLERANCE[precision]:
+            wrong.append((config, error))
+    assert not wrong, f"{case} {precision}: configs beyond tolerance {TOLERANCE[precision]}: {wrong}"
+    assert configs[0] not in no_fit, f"{case} {precision}: the default config does not fit: {configs[0]}"

@@ -1,0 +1,90 @@
+"""Which kernel runs a convolution: the one decision that packing, the launch planner and the report read.
+
+Packing needs it to know whether the tensor cores will read the weights (then they are rounded to TF32
+under "tf32"; the direct kernel multiplies on the FMA units and keeps them exact) and which layout to
+write; the planner to launch that kernel; the report to name it. Computing it in each place let them
+disagree, so here it is once. No triton import: the graph side can ask without loading the kernels.
+
+The order, first match wins:
+
+1. depthwise (``groups == C_in == C_out > 1``): the direct depthwise kernel (depthwise.py);
+2. at most ``MAX_DIRECT_CIN`` input channels per group and at most ``MAX_DIRECT_TAPS`` multiply-adds per
+   output (the RGB stem, any stride or padding): the direct kernel (direct_conv.py);
+3. 1x1, stride 1, no padding, one group: the plain GEMM on the NHWC rows (gemm.py);
+4. everything else: the implicit GEMM (conv.py), reducing over flat K below ``FLAT_K_BELOW`` input
+   channels per group and over (tap, channel block) steps above.
+
+Stride and padding only choose between the two tensor-core kernels (3 and 4), so a caller that does not
+know them (packing) gets the right layout and rounding from the defaults. Split-K is not a different
+kernel: it is a tile configuration of kernels 3 and 4 (splitk.py), chosen per input shape.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+MAX_DIRECT_CIN = 4
+MAX_DIRECT_TAPS = 64  # the direct kernel unrolls C_in/groups x KH x KW multiply-adds per output
+FLAT_K_BELOW = 16  # below this many input channels per group the flat-K order wastes fewer lanes
+
+
+class ConvKernel(str, enum.Enum):
+    """A conv kernel; the value is the name the report prints."""
+
+    DEPTHWISE = "depthwise"
+    DIRECT = "direct conv"
+    GEMM_1X1 = "gemm (1x1 conv)"
+    IMPLICIT_GEMM = "implicit-gemm conv"
+    IMPLICIT_GEMM_FLAT_K = "implicit-gemm conv (flat K)"
+
+    @property
+    def triton_function(self) -> str:
+        """The name of the ``@triton.jit`` function this choice launches (a split-K tile configuration
+        launches the shared reduction kernel after it)."""
+        return {
+            ConvKernel.DEPTHWISE: "_depthwise_act_kernel",
+            ConvKernel.DIRECT: "_direct_conv_act_kernel",
+            ConvKernel.GEMM_1X1: "_gemm_act_kernel",
+        }.get(self, "_conv2d_act_kernel")
+
+    @property
+    def tensor_cores(self) -> bool:
+        """Whether the kernel's dot reads the weights on the tensor cores."""
+        return self not in (ConvKernel.DEPTHWISE, ConvKernel.DIRECT)
+
+
+def is_depthwise(in_channels: int, out_channels: int, groups: int) -> bool:
+    """True for convolutions that take the direct depthwise kernel."""
+    return groups > 1 and groups == in_channels == out_channels
+
+
+def _has_padding(padding: int | str | Sequence[int]) -> bool:
+    if isinstance(padding, str):  # "valid" is none; "same" is none for the only kernel size it matters for, 1x1
+        return False
+    if isinstance(padding, int):
+        return padding != 0
+    return any(int(p) != 0 for p in padding)
+
+
+def conv_kernel(
+    in_channels: int,
+    out_channels: int,
+    groups: int,
+    kernel_size: Sequence[int],
+    stride: Sequence[int] = (1, 1),
+    padding: int | str | Sequence[int] = 0,
+) -> ConvKernel | None:
+    """The kernel that runs this convolution, or None when no kernel does (groups not dividing both
+    channel counts: the torch reference runs it)."""
+    if groups < 1 or in_channels < 1 or in_channels % groups or out_channels % groups:
+        return None
+    kh, kw = (int(k) for k in kernel_size)
+    c_in_g = in_channels // groups
+    if is_depthwise(in_channels, out_channels, groups):
+        return ConvKernel.DEPTHWISE
+    if c_in_g <= MAX_DIRECT_CIN and c_in_g * kh * kw <= MAX_DIRECT_TAPS:
+        return ConvKernel.DIRECT
+    if (kh, kw) == (1, 1) and tuple(stride) == (1, 1) and not _has_padding(padding) and groups == 1:
+        return ConvKernel.GEMM_1X1
+    return ConvKernel.IMPLICIT_GEMM_FLAT_K if c_in_g < FLAT_K_BELOW else ConvKernel.IMPLICIT_GEMM

@@ -1,0 +1,174 @@
+"""Split-K: a small output grid spread over more SMs by splitting the reduction, in a fixed order.
+
+A batch-1 layer or a late layer (ResNet's 512->512 3x3 at 7x7: 49 output rows) gives a handful of
+output tiles, so most of the 132 SMs of an H200 idle while each tile walks a K of several thousand. With
+``split_k = S`` the GEMM-style kernels launch ``S`` programs per output tile, each reducing one
+contiguous range of whole K steps (``tiles.split_range``) into its own slice of a float32 workspace
+``[S, M, N]``; a second, tiny kernel here adds the ``S`` partials in split order 0, 1, ..., S-1 and runs
+the fused epilogue. No atomics: the sum of a given shape and config is the same bits on every run.
+
+The candidates come from :func:`split_k_candidates`: for a grid under one wave, the split count that
+brings it to about one wave while every split keeps at least ``MIN_STEPS_PER_SPLIT`` K steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from .autotune import TileConfig
+from .epilogue import Epilogue
+from .launch import KernelCall, cdiv
+from .tiles import decode_rows, epilogue_tile, row_offsets, store_tile
+
+SM_COUNT = 132  # H200; a smaller card gets the same candidates, measured there
+MIN_STEPS_PER_SPLIT = 4  # below this a split is all prologue and epilogue
+MAX_SPLIT_K = 16
+REDUCE_TILE = TileConfig(32, 64, 1, 1, 4, 1)
+
+
+@triton.jit(do_not_specialize=["M", "OH", "OW"])
+def _split_k_reduce_kernel(
+    # pointers: ws is the float32 [SPLIT_K, M, N] workspace
+    ws_ptr,
+    bias_ptr,
+    res_ptr,
+    out_ptr,
+    # sizes; rows decode as (image, oh, ow) for the residual (a GEMM passes OH = S, OW = 1)
+    M,
+    N,
+    OH,
+    OW,
+    # strides (elements): residual (image, oh, ow, channel), output rows
+    sr_n,
+    sr_h,
+    sr_w,
+    sr_c,
+    stride_om,
+    # epilogue scalars
+    alpha,
+    scale,
+    # constexprs
+    SPLIT_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    mask = m_ok[:, None] & n_ok[None, :]
+    ptrs = ws_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+    acc = tl.load(ptrs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):  # fixed order: the result does not depend on scheduling
+        acc += tl.load(ptrs + s * M.to(tl.int64) * N, mask=mask, other=0.0)
+    n_idx, oh, ow = decode_rows(offs_m, m_ok, OH, OW)
+    res_rows = row_offsets(n_idx, oh, ow, sr_n, sr_h, sr_w)
+    y = epilogue_tile(acc, offs_n, n_ok, m_ok, bias_ptr, res_ptr, res_rows, sr_c, alpha, scale,
+                      HAS_BIAS, ACT, RESIDUAL, HAS_SCALE)  # fmt: skip
+    store_tile(out_ptr, offs_m, stride_om, offs_n, m_ok, n_ok, y)
+
+
+class SplitReduce:
+    """The second pass of one split-K plan: ``reduce(main, bias32, res, out2)`` allocates the workspace,
+    runs ``main(workspace)`` (the GEMM-style kernel storing partials) and then the ordered reduction
+    with the epilogue into ``out2`` (``[M, N]`` rows, any row stride).
+
+    ``rows`` is ``(OH, OW)`` of the output-row decode and ``res_strides`` the residual's strides as
+    ``(image, oh, ow, channel)``, both as :func:`tiles.decode_rows` reads them.
+    """
+
+    def __init__(
+        self,
+        split_k: int,
+        m: int,
+        n: int,
+        rows: tuple[int, int],
+        res_strides: Sequence[int],
+        out_row_stride: int,
+        epilogue: Epilogue,
+        has_bias: bool,
+        device: torch.device,
+        interpret: bool,
+    ) -> None:
+        self.shape, self.device = (split_k, m, n), device
+        scalars = (m, n, *rows, *res_strides, out_row_stride, float(epilogue.alpha), float(epilogue.scale))
+        constexprs = {
+            "SPLIT_K": split_k,
+            "HAS_BIAS": has_bias,
+            "ACT": int(epilogue.act),
+            "RESIDUAL": int(epilogue.residual),
+            "HAS_SCALE": epilogue.scale != 1.0,
+        }
+        self.call = KernelCall(_split_k_reduce_kernel, scalars, constexprs, interpret)
+        self.options = self.call.options(REDUCE_TILE)
+        self.grid = (cdiv(m, REDUCE_TILE.block_m), cdiv(n, REDUCE_TILE.block_n))
+
+    def __call__(self, main: Callable[[torch.Tensor], Any], bias32: Any, res: Any, out2: torch.Tensor) -> Any:
+        # Per call, not per plan: a plan shared by two streams (or a CUDA graph and eager calls) must not
+        # share partial sums. The caching allocator makes this a free-list pop.
+        workspace = torch.empty(self.shape, dtype=torch.float32, device=self.device)
+        main(workspace)
+        return self.call.launch(self.grid, (workspace, bias32, res, out2), self.options)
+
+
+def split_k_for(tiles: int, k_steps: int, sm_count: int = SM_COUNT) -> int:
+    """The split count that brings ``tiles`` output tiles to about one wave on ``sm_count`` SMs, each
+    split keeping at least :data:`MIN_STEPS_PER_SPLIT` of the ``k_steps`` reduction steps (1: no split)."""
+    split = 1
+    while tiles * split * 2 <= sm_count and k_steps >= 2 * split * MIN_STEPS_PER_SPLIT and split < MAX_SPLIT_K:
+        split *= 2
+    return split
+
+
+def split_k_candidates(
+    candidates: Sequence[TileConfig],
+    m: int,
+    n: int,
+    k_steps: Callable[[TileConfig], int],
+    sm_count: int = SM_COUNT,
+) -> list[TileConfig]:
+    """``candidates`` plus small-grid variants: a 64x64 and a 32-row tile, and each of those and the default
+    tile with its :func:`split_k_for` split. When the default tile gives under a quarter wave (batch-1
+    rows, 7x7 layers, short GEMMs), the config that fills the waves best becomes the default (split or
+    not; the earliest, i.e. largest tile, of equals): a handful of CTAs on the whole card cannot win.
+    ``k_steps(config)`` is the reduction's step count under that config (``cdiv(K, block_k)`` for a
+    GEMM; taps x channel blocks for a conv)."""
+    if not candidates:
+        return []
+    first = candidates[0]
+    tiles_of = lambda c: cdiv(m, c.block_m) * cdiv(n, c.block_n)
+    if tiles_of(first) >= sm_count:
+        return list(candidates)
+    bn_small = min(64, first.block_n)
+    shapes = [first, TileConfig(64, bn_small, first.block_k, 8, 4, 3), TileConfig(32, bn_small, first.block_k, 8, 4, 3)]
+    extra: list[TileConfig] = []
+    for shape in shapes:
+        if shape.block_m < first.block_m or shape.block_n < first.block_n:
+            extra.append(shape)
+        split = split_k_for(tiles_of(shape), k_steps(shape), sm_count)
+        if split > 1:
+            extra.append(replace(shape, split_k=split))
+    out = list(candidates)
+    for config in extra:
+        if config not in out:
+            out.append(config)
+    if tiles_of(first) * 4 < sm_count:
+        best = max(out, key=lambda c: wave_fill(tiles_of(c) * c.split_k, sm_count))  # first of equals: larger tiles
+        out.remove(best)
+        out.insert(0, best)
+    return out
+
+
+def wave_fill(ctas: int, sm_count: int = SM_COUNT) -> float:
+    """The fraction of the SMs' time a grid of ``ctas`` equal programs keeps busy (1.0: whole waves)."""
+    return ctas / (cdiv(ctas, sm_count) * sm_count)

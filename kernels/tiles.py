@@ -1,0 +1,143 @@
+"""The ``@triton.jit`` pieces every fused kernel shares: tile order, output-pixel decode, the reduction
+range of one split, and the epilogue tail (bias, residual, activation, masked store).
+
+A kernel is its main loop plus these. Sharing them means a fix to, say, residual addressing reaches the
+implicit GEMM, the GEMM, the direct and depthwise convs and the split-K reduction at once, and a new
+kernel variant is its loop, not a copy of the rest.
+
+Output rows are GEMM rows: ``m = (image, oh, ow)`` flattened for a conv. A GEMM's batched rows
+``(b, s)`` are the same decode with ``OH = S`` and ``OW = 1`` (Triton specializes an integer argument
+equal to 1, so the extra division folds away).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .epilogue import apply_epilogue
+
+
+@triton.jit
+def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """``(pid_m, pid_n)`` of program ``pid`` in grouped order: ``GROUP_M`` consecutive programs share a
+    column tile of the weights, so it is read from L2 rather than memory."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pids_in_group = GROUP_M * num_pid_n
+    first_pid_m = (pid // pids_in_group) * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + (pid % pids_in_group) % group_size_m
+    pid_n = (pid % pids_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def decode_rows(offs_m, m_ok, OH, OW):
+    """Output rows -> ``(image, oh, ow)``. Rows past the end (``~m_ok``) decode as row 0, so every
+    address built from them stays inside the tensors; their results are masked at the store."""
+    rows = tl.where(m_ok, offs_m, 0)
+    ohw = OH * OW
+    return rows // ohw, (rows % ohw) // OW, rows % OW
+
+
+@triton.jit
+def row_offsets(n_idx, oh, ow, s_n, s_h, s_w):
+    """Element offsets (int64) of decoded rows in a tensor with strides ``(s_n, s_h, s_w)``."""
+    return n_idx.to(tl.int64) * s_n + oh.to(tl.int64) * s_h + ow.to(tl.int64) * s_w
+
+
+@triton.jit
+def split_range(total, split, STEP: tl.constexpr, SPLIT_K: tl.constexpr):
+    """``[lo, hi)`` of a reduction of length ``total`` walked in steps of ``STEP`` that split ``split``
+    of ``SPLIT_K`` owns: whole steps, the last split taking what is left (possibly nothing)."""
+    if SPLIT_K == 1:
+        lo = 0
+        hi = total
+    else:
+        per = tl.cdiv(tl.cdiv(total, STEP), SPLIT_K) * STEP
+        lo = split * per
+        hi = tl.minimum(lo + per, total)
+    return lo, hi
+
+
+@triton.jit
+def epilogue_tile(
+    acc,
+    channels,
+    n_ok,
+    m_ok,
+    bias_ptr,
+    res_ptr,
+    res_rows,
+    sr_c,
+    alpha,
+    scale,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+):
+    """The fused epilogue of a float32 accumulator tile ``[rows, channels]``: bias (float32, per
+    channel), residual (rows at ``res_rows``, channels ``sr_c`` apart), activation, scale."""
+    if HAS_BIAS:  # noqa: SIM108  (a constexpr branch: only one side is compiled)
+        bias = tl.load(bias_ptr + channels, mask=n_ok, other=0.0)[None, :]
+    else:
+        bias = 0.0
+    if RESIDUAL != 0:
+        res_ptrs = res_ptr + res_rows[:, None] + channels[None, :].to(tl.int64) * sr_c
+        res = tl.load(res_ptrs, mask=m_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+    else:
+        res = 0.0
+    return apply_epilogue(acc, bias, res, alpha, scale, ACT, RESIDUAL, HAS_SCALE)
+
+
+@triton.jit
+def store_tile(out_ptr, offs_m, stride_om, channels, m_ok, n_ok, y):
+    """Masked store of tile ``y`` into rows ``offs_m`` (``stride_om`` apart) and unit-stride ``channels``
+    of ``out_ptr``, cast to its dtype. A row stride above the channel count is a channel slice of a
+    wider buffer; the mask keeps every store inside the slice."""
+    ptrs = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + channels[None, :]
+    tl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def finish_tile(
+    acc,
+    out_ref,
+    offs_m,
+    channels,
+    m_ok,
+    n_ok,
+    tile_row,
+    tile_col,
+    split,
+    M,
+    ws_row_stride,
+    stride_om,
+    bias_ptr,
+    res_ptr,
+    res_rows,
+    sr_c,
+    alpha,
+    scale,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    USE_DESC: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
+    """How a GEMM-style program ends. Split: its partial sum goes, unfused, to rows ``split * M + m`` of
+    the float32 workspace ``out_ref`` (``ws_row_stride`` apart), which splitk.py reduces. Whole: the
+    epilogue, then the store, through the tensor descriptor ``out_ref`` at ``(tile_row, tile_col)``
+    when ``USE_DESC``, else masked through pointers."""
+    if SPLIT_K > 1:
+        store_tile(out_ref, split * M + offs_m, ws_row_stride, channels, m_ok, n_ok, acc)
+    else:
+        y = epilogue_tile(acc, channels, n_ok, m_ok, bias_ptr, res_ptr, res_rows, sr_c, alpha, scale,
+                          HAS_BIAS, ACT, RESIDUAL, HAS_SCALE)  # fmt: skip
+        if USE_DESC:
+            out_ref.store([tile_row, tile_col], y.to(out_ref.dtype))
+        else:
+            store_tile(out_ref, offs_m, stride_om, channels, m_ok, n_ok, y)

@@ -1,0 +1,70 @@
+"""The kernels compiled for sm_90 (Hopper) on the CPU, without a GPU: Triton's frontend and backend passes
+down to PTX and ptxas. The interpreter runs the kernels' Python and is lax about types; this catches what
+only the compiler refuses (a tensor descriptor passed through a helper, a loop bound of the wrong type in
+one split variant) and checks that the dot reaches the tensor cores."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from fuser.kernels import conv, gemm, splitk
+
+PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+pytestmark = pytest.mark.skipif(not PTXAS.exists(), reason=f"triton's bundled ptxas is not at {PTXAS}")
+
+EPILOGUE = {"HAS_BIAS": True, "ACT": 4, "RESIDUAL": 2, "HAS_SCALE": True}
+
+
+def compile_sm90(kernel: Any, pointers: dict[str, str], constexprs: dict[str, Any], warps: int = 4) -> Any:
+    """Compile ``kernel`` with the given pointer / descriptor argument types (other arguments i32, or fp32
+    for the epilogue scalars) and constexprs, for an H100/H200-class target."""
+    signature = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in pointers:
+            signature[name] = pointers[name]
+        else:
+            signature[name] = "fp32" if name in ("alpha", "scale") else "i32"
+    source = ASTSource(kernel, signature, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 3})
+
+
+def tile(block_m: int, block_n: int, block_k: int, split_k: int) -> dict[str, Any]:
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8, "SPLIT_K": split_k}
+
+
+@pytest.mark.parametrize("split_k", [1, 2], ids=["whole", "split"])
+def test_gemm_descriptor_path_compiles(split_k: int) -> None:
+    pointers = {
+        "a_ref": "tensordesc<fp32[64, 32]>",
+        "w_ref": "tensordesc<fp32[64, 32]>",
+        "bias_ptr": "*fp32",
+        "res_ptr": "*fp32",
+        "c_ref": "tensordesc<fp32[64, 64]>" if split_k == 1 else "*fp32",  # split: the float32 workspace
+    }
+    constexprs = {**EPILOGUE, "DOT_PRECISION": "tf32", "UPCAST": False, "USE_DESC": True, **tile(64, 64, 32, split_k)}
+    compiled = compile_sm90(gemm._gemm_act_kernel, pointers, constexprs)
+    assert "wgmma" in compiled.asm["ptx"] or "mma.sync" in compiled.asm["ptx"]
+
+
+@pytest.mark.parametrize(("flat_k", "split_k"), [(False, 4), (True, 1)], ids=["channel-blocks-split", "flat-k"])
+def test_conv_pointer_path_compiles(flat_k: bool, split_k: int) -> None:
+    pointers = {"x_ptr": "*bf16", "w_ref": "*bf16", "bias_ptr": "*fp32", "res_ptr": "*bf16"}
+    pointers["out_ref"] = "*fp32" if split_k > 1 else "*bf16"
+    constexprs = {"KH": 3, "KW": 3, "FLAT_K": flat_k, **EPILOGUE, "DOT_PRECISION": "tf32", "UPCAST": False,
+                  "USE_DESC": False, **tile(64, 64, 32, split_k)}  # fmt: skip
+    compiled = compile_sm90(conv._conv2d_act_kernel, pointers, constexprs)
+    assert "wgmma" in compiled.asm["ptx"] or "mma.sync" in compiled.asm["ptx"]
+
+
+def test_split_k_reduction_compiles() -> None:
+    pointers = {"ws_ptr": "*fp32", "bias_ptr": "*fp32", "res_ptr": "*fp16", "out_ptr": "*fp16"}
+    constexprs = {"SPLIT_K": 16, **EPILOGUE, "BLOCK_M": 32, "BLOCK_N": 64}
+    assert compile_sm90(splitk._split_k_reduce_kernel, pointers, constexprs).asm["ptx"]

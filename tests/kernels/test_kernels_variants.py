@@ -1,0 +1,232 @@
+"""Kernel variants in the interpreter against float64: split-K, every tile candidate of small grids,
+the dot precision a launch really gets, and the kernel each conv is routed to."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from accuracy import assert_close
+from kernels_reference import ConvCase, conv_inputs, conv_reference, gemm_reference, record_launches
+from triton.runtime import interpreter
+
+from fuser.kernels import Activation, Epilogue, Residual, conv2d_act, gemm_act, pack_conv_weight, pack_gemm_weight
+from fuser.kernels.autotune import TileConfig
+from fuser.kernels.conv import conv2d_tile_candidates, conv_candidates
+from fuser.kernels.conv_choice import ConvKernel, conv_kernel
+from fuser.kernels.gemm import gemm_candidates
+from fuser.kernels.splitk import split_k_candidates, split_k_for, wave_fill
+
+REDUCE = "_split_k_reduce_kernel"
+SILU_ADD = Epilogue(Activation.SILU, residual=Residual.AFTER_ACT)
+
+
+def conv_call(
+    case: ConvCase,
+    epilogue: Epilogue,
+    precision: str = "ieee",
+    tile: TileConfig | None = None,
+    path: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    x, w, b, residual = conv_inputs(case, epilogue)
+    out = conv2d_act(
+        x, pack_conv_weight(w, precision, groups=case.groups), b, stride=case.stride, padding=case.padding,
+        dilation=case.dilation, epilogue=epilogue, residual=residual, interpret=True, path=path, tile=tile,
+    )  # fmt: skip
+    return out, conv_reference(x, w, b, case, epilogue, residual)
+
+
+def gemm_call(
+    a: torch.Tensor, n: int, epilogue: Epilogue, tile: TileConfig | None = None, path: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    w = torch.randn(n, a.shape[-1]) / a.shape[-1] ** 0.5
+    b = torch.randn(n)
+    residual = torch.randn(*a.shape[:-1], n) if epilogue.residual != Residual.NONE else None
+    out = gemm_act(
+        a, pack_gemm_weight(w, "ieee"), b, epilogue=epilogue, residual=residual, interpret=True, path=path, tile=tile
+    )
+    return out, gemm_reference(a, w, b, epilogue, residual)
+
+
+# Channel blocks (27 steps of 16 channels), flat K (3 steps of 16), grouped, and a non-square
+# stride / dilation; split counts that divide the steps unevenly and (5 on flat K) leave splits empty.
+SPLIT_CASES = [
+    ConvCase("cblock_c40_b1", 1, 40, 37, (5, 7), 3, padding=(1, 1, 1, 1)),
+    ConvCase("flat_c5", 1, 5, 11, (7, 9), 3, padding=(1, 1, 1, 1)),
+    ConvCase("grouped_c40_g2", 1, 40, 22, (5, 7), 3, padding=(0, 1, 1, 0), groups=2),
+    ConvCase("s12_d21_c19_b3", 3, 19, 13, (9, 11), 3, stride=(1, 2), padding=(2, 2, 1, 1), dilation=(2, 1)),
+]
+
+
+@pytest.mark.parametrize("split_k", [2, 3, 5])
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=str)
+def test_conv_split_k(monkeypatch: pytest.MonkeyPatch, case: ConvCase, split_k: int) -> None:
+    seen = record_launches(monkeypatch)
+    out, ref = conv_call(case, SILU_ADD, tile=TileConfig(32, 32, 16, 2, 4, 1, split_k=split_k))
+    assert [name for name, _ in seen] == ["_conv2d_act_kernel", REDUCE]
+    assert seen[0][1]["SPLIT_K"] == split_k and seen[1][1]["SPLIT_K"] == split_k
+    assert_close(out, ref, "ieee", f"{case} split_k={split_k}")
+
+
+def test_conv_split_k_descriptor_path_and_fixed_order() -> None:
+    """Descriptor loads with a split store; two runs of one shape give the same bits (ordered sum)."""
+    case = ConvCase("aligned_c32", 1, 32, 16, (5, 7), 3, padding=(1, 1, 1, 1))
+    tile = TileConfig(32, 16, 16, 2, 4, 1, split_k=3)
+    torch.manual_seed(3)
+    first, ref = conv_call(case, Epilogue(Activation.GELU, residual=Residual.BEFORE_ACT), tile=tile, path="descriptor")
+    torch.manual_seed(3)
+    again, _ = conv_call(case, Epilogue(Activation.GELU, residual=Residual.BEFORE_ACT), tile=tile, path="descriptor")
+    assert_close(first, ref, "ieee", "descriptor split-K")
+    assert torch.equal(first, again)
+
+
+@pytest.mark.parametrize("path", ["pointer", "descriptor"])
+@pytest.mark.parametrize("split_k", [2, 3])
+def test_gemm_split_k(monkeypatch: pytest.MonkeyPatch, split_k: int, path: str) -> None:
+    seen = record_launches(monkeypatch)
+    a = torch.randn(3, 7, 200) if path == "pointer" else torch.randn(21, 200)  # 200 fp32 = 16-byte rows
+    epilogue = Epilogue(Activation.TANH, residual=Residual.BEFORE_ACT, scale=0.5)
+    out, ref = gemm_call(a, 40, epilogue, tile=TileConfig(16, 32, 32, 1, 4, 1, split_k=split_k), path=path)
+    assert [name for name, _ in seen] == ["_gemm_act_kernel", REDUCE]
+    assert_close(out, ref, "ieee", f"gemm split_k={split_k} {path}")
+
+
+def test_split_k_for() -> None:
+    assert split_k_for(tiles=4, k_steps=144) == 16  # ResNet 512->512 3x3 @7, batch 1: 4 tiles of 128x128
+    assert split_k_for(tiles=96, k_steps=24) == 1  # 96 tiles: already most of a wave
+    assert split_k_for(tiles=8, k_steps=7) == 1  # too short a reduction to split
+    assert split_k_for(tiles=8, k_steps=16) == 4  # each split keeps 4 steps
+
+
+def test_small_grid_default_is_split() -> None:
+    """A handful of tiles on 132 SMs: the default (first) candidate splits K and fills more of the card."""
+    for n, k in [(3072, 768), (768, 3072)]:  # BERT-base FFN at 128 tokens, tf32: 24 tiles of 128x128
+        default = gemm_candidates(128, n, k, 4)[0]
+        assert wave_fill(-(-128 // default.block_m) * -(-n // default.block_n) * default.split_k) >= 0.7, default
+    late = conv_candidates(49, 512, 512, 9 * 512, 4, flat_k=False, taps=9)  # ResNet 3x3 @7, batch 1
+    assert late[0].split_k > 1
+    grid = -(-49 // late[0].block_m) * -(-512 // late[0].block_n) * late[0].split_k
+    assert grid >= 64
+    big = conv_candidates(32 * 80 * 80, 64, 64, 576, 4, flat_k=False, taps=9)
+    assert all(c.split_k == 1 for c in big)
+    assert split_k_candidates([], 1, 1, lambda c: 1) == []
+
+
+# Small grids, so every candidate list holds split and small-tile variants: each config must compute
+# the same convolution (issue: num_warps / stages are ignored here, the GPU test sweeps those).
+SWEEP_CONVS = [
+    ConvCase("late_c40_5x7", 1, 40, 37, (5, 7), 3, padding=(1, 1, 1, 1)),
+    ConvCase("late_flat_c12_k7", 1, 12, 11, (7, 9), 7, padding=(3, 3, 3, 3)),  # 10 flat-K steps of 64
+]
+
+
+def candidates_of(case: ConvCase) -> list[TileConfig]:
+    packed = pack_conv_weight(torch.randn(case.c_out, case.c_in // case.groups, *case.kernel_hw), "ieee", case.groups)
+    x_shape = (case.batch, case.c_in, *case.hw)
+    return conv2d_tile_candidates(x_shape, packed, case.stride, case.padding, case.dilation)
+
+
+@pytest.mark.parametrize("case", SWEEP_CONVS, ids=str)
+def test_every_conv_candidate(case: ConvCase) -> None:
+    configs = candidates_of(case)
+    assert any(c.split_k > 1 for c in configs) and any(c.block_m == 32 for c in configs)
+    for config in configs:
+        torch.manual_seed(5)
+        out, ref = conv_call(case, SILU_ADD, tile=config)
+        assert_close(out, ref, "ieee", f"{case} {config}")
+
+
+@pytest.mark.parametrize("mkn", [(7, 600, 45), (33, 520, 37)], ids=lambda t: "x".join(map(str, t)))
+def test_every_gemm_candidate(mkn: tuple[int, int, int]) -> None:
+    m, k, n = mkn
+    configs = gemm_candidates(m, n, k, 4)
+    assert any(c.split_k > 1 for c in configs)
+    for config in configs:
+        torch.manual_seed(6)
+        out, ref = gemm_call(torch.randn(m, k), n, SILU_ADD, tile=config)
+        assert_close(out, ref, "ieee", f"{mkn} {config}")
+
+
+def record_dot_precision(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The ``input_precision`` every interpreted ``tl.dot`` receives (the interpreter then ignores it)."""
+    seen: list[str] = []
+    real = interpreter.InterpreterBuilder.create_dot
+
+    def create_dot(self: Any, a: Any, b: Any, d: Any, input_precision: Any, *rest: Any) -> Any:
+        seen.append(getattr(input_precision, "name", str(input_precision)))
+        return real(self, a, b, d, input_precision, *rest)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
+    return seen
+
+
+@pytest.mark.parametrize(("precision", "expected"), [("tf32", "TF32"), ("tf32x3", "TF32x3"), ("ieee", "IEEE")])
+def test_dot_precision_reaches_the_dot(monkeypatch: pytest.MonkeyPatch, precision: str, expected: str) -> None:
+    """tf32 must reach tl.dot as TF32 (not IEEE, which the interpreter would compute identically) on the
+    implicit GEMM, the 1x1 GEMM, a split-K launch and a linear layer."""
+    seen = record_dot_precision(monkeypatch)
+    convs = [
+        (ConvCase("c19_3x3", 1, 19, 13, (7, 9), 3, padding=(1, 1, 1, 1)), None),
+        (ConvCase("pointwise", 1, 19, 13, (7, 9), 1), None),
+        (ConvCase("c19_split", 1, 19, 13, (7, 9), 3), TileConfig(32, 16, 16, 2, 4, 1, split_k=2)),
+    ]
+    for case, tile in convs:
+        seen.clear()
+        out, ref = conv_call(case, SILU_ADD, precision, tile=tile)
+        assert seen and set(seen) == {expected}, f"{case}: dots got {sorted(set(seen))}, expected {expected}"
+        assert_close(out, ref, precision, str(case))
+    seen.clear()
+    a = torch.randn(7, 45)
+    gemm_act(a, pack_gemm_weight(torch.randn(13, 45), precision), interpret=True)
+    assert seen and set(seen) == {expected}
+
+
+# The report's kernel name against the kernel the launcher runs, for each routing rule and its edges:
+# the RGB stem (direct, not implicit GEMM), a padded 1x1 (implicit GEMM, not the 1x1 GEMM), a 1x1 with 3
+# input channels (direct), a strided 1x1, depthwise, flat K and channel blocks.
+ROUTES = {
+    "stem_3x3_s2": (dict(in_channels=3, out_channels=16, kernel_size=3, stride=2, padding=1), ConvKernel.DIRECT),
+    "padded_1x1": (dict(in_channels=19, out_channels=7, kernel_size=1, padding=1), ConvKernel.IMPLICIT_GEMM),
+    "pointwise": (dict(in_channels=19, out_channels=7, kernel_size=1), ConvKernel.GEMM_1X1),
+    "pointwise_c3": (dict(in_channels=3, out_channels=7, kernel_size=1), ConvKernel.DIRECT),
+    "strided_1x1": (dict(in_channels=5, out_channels=7, kernel_size=1, stride=(1, 2)), ConvKernel.IMPLICIT_GEMM_FLAT_K),
+    "depthwise": (dict(in_channels=5, out_channels=5, kernel_size=3, padding=1, groups=5), ConvKernel.DEPTHWISE),
+    "flat_k_c5": (dict(in_channels=5, out_channels=7, kernel_size=3, padding=1), ConvKernel.IMPLICIT_GEMM_FLAT_K),
+    "cblock_c19": (dict(in_channels=19, out_channels=7, kernel_size=3, dilation=(1, 2)), ConvKernel.IMPLICIT_GEMM),
+}
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_report_names_the_launched_kernel(monkeypatch: pytest.MonkeyPatch, route: str) -> None:
+    from toy_models import seeded
+
+    import fuser
+
+    conv, expected = ROUTES[route]
+    c_in, c_out = conv.pop("in_channels"), conv.pop("out_channels")
+    model = seeded(
+        torch.nn.Sequential(
+            torch.nn.Conv2d(c_in, c_out, bias=False, **conv), torch.nn.BatchNorm2d(c_out), torch.nn.SiLU()
+        )
+    )
+    x = torch.randn(1, c_in, 9, 11)
+    seen = record_launches(monkeypatch)
+    opt = fuser.optimize(model, (x,), backend="interpret", precision="ieee")
+    with torch.no_grad():
+        out = opt(x)
+    (entry,) = [e for e in opt.fusion_report.entries if e.fused]
+    assert entry.kernel == expected.value
+    launched = {name for name, _ in seen if name != REDUCE}
+    assert launched == {expected.triton_function}, f"report says {entry.kernel}, launched {launched}"
+    from accuracy import reference64
+
+    assert_close(out, reference64(model, x), "ieee", route)
+
+
+def test_conv_kernel_rules() -> None:
+    assert conv_kernel(20, 9, 4, (3, 3)) is None  # groups do not divide C_out: the torch reference
+    assert conv_kernel(3, 16, 1, (7, 7)) == ConvKernel.IMPLICIT_GEMM_FLAT_K  # 147 taps: too many to unroll
+    assert conv_kernel(8, 12, 4, (3, 3)) == ConvKernel.DIRECT  # 2 channels per group
+    assert conv_kernel(19, 7, 1, (1, 1), padding="same") == ConvKernel.GEMM_1X1
+    assert not ConvKernel.DIRECT.tensor_cores and ConvKernel.GEMM_1X1.tensor_cores
