@@ -90,27 +90,27 @@ def _binary(ctx: NodeContext, op: str) -> Any:
     return ctx.call(target, x, y)
 
 
-@converter("Add", opsets=(7, 21))
+@converter("Add", versions=(7, 13, 14))
 def add(ctx: NodeContext) -> Any:
     return _binary(ctx, "add")
 
 
-@converter("Sub", opsets=(7, 21))
+@converter("Sub", versions=(7, 13, 14))
 def sub(ctx: NodeContext) -> Any:
     return _binary(ctx, "sub")
 
 
-@converter("Mul", opsets=(7, 21))
+@converter("Mul", versions=(7, 13, 14))
 def mul(ctx: NodeContext) -> Any:
     return _binary(ctx, "mul")
 
 
-@converter("Div", opsets=(7, 21))
+@converter("Div", versions=(7, 13, 14))
 def div(ctx: NodeContext) -> Any:
     return _binary(ctx, "div")
 
 
-@converter("Equal", opsets=(11, 21))
+@converter("Equal", versions=(11, 13, 19))
 def equal(ctx: NodeContext) -> Any:
     a, b = ctx.input(0), ctx.input(1)
     symbolic = _symbolic_binary(ctx, "eq", a, b)
@@ -119,7 +119,7 @@ def equal(ctx: NodeContext) -> Any:
     return ctx.call(torch.eq, a, b)
 
 
-@converter("Pow", opsets=(7, 21))
+@converter("Pow", versions=(7, 12, 13, 15))
 def pow_(ctx: NodeContext) -> Any:
     """``torch.pow(x, 2.0)`` for a constant exponent; ONNX keeps the base's dtype, so an integer base
     with a float exponent is cast back."""
@@ -135,12 +135,12 @@ def pow_(ctx: NodeContext) -> Any:
     return result
 
 
-@converter("Sqrt", opsets=(6, 21))
+@converter("Sqrt", versions=(6, 13))
 def sqrt(ctx: NodeContext) -> Any:
     return ctx.call(torch.sqrt, ctx.input(0))
 
 
-@converter("Where", opsets=(9, 21))
+@converter("Where", versions=(9, 16))
 def where(ctx: NodeContext) -> Any:
     cond, a, b = ctx.input(0), ctx.input(1), ctx.input(2)
     if any(isinstance(v, ShapeValue) for v in (cond, a, b)):
@@ -165,7 +165,7 @@ def _symbolic_where(cond: Value, a: Value, b: Value) -> ShapeValue | None:
     return ShapeValue(items, scalar=sc.scalar and sa.scalar and sb.scalar, dtype=sa.dtype)
 
 
-@converter("Cast", opsets=(6, 21))
+@converter("Cast", versions=(6, 9, 13, 19, 21, 23, 24, 25, 28))
 def cast(ctx: NodeContext) -> Any:
     x = ctx.input(0)
     dtype = torch_dtype(int(ctx.attr("to")), ctx.describe())
@@ -177,6 +177,6 @@ def cast(ctx: NodeContext) -> Any:
     return ctx.method("to", x, dtype)
 
 
-@converter("Identity", opsets=(1, 21))
+@converter("Identity", versions=(1, 13, 14, 16, 19, 21, 23, 24, 25))
 def identity(ctx: NodeContext) -> Any:
     return ctx.input(0)

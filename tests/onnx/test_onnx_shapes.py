@@ -4,6 +4,7 @@ batch size at run time (each graph runs at two batch sizes)."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper
@@ -16,8 +17,12 @@ from onnx_testing import (
     info,
     make_model,
     random_feeds,
+    run_module,
+    run_ort,
     single_op,
 )
+
+from fuser.onnx.importer import import_onnx
 
 SHAPE = ["N", 6, 5, 7]
 
@@ -342,6 +347,28 @@ def test_range_from_run_time_size() -> None:
     outputs = [info("y0", None, INT64), info("y1", None)]
     module = check_import(make_model(nodes, [info("x", SHAPE)], outputs, inits, opset=13), "Range")
     assert torch.arange in call_targets(module)
+
+
+def range_float16(**attrs: int) -> onnx.ModelProto:
+    half = TensorProto.FLOAT16
+    node = helper.make_node("Range", ["s", "l", "d"], ["y"], name="range", **attrs)
+    return make_model([node], [info(n, [], half) for n in "sld"], [info("y", None, half)], opset=27)
+
+
+def test_range_float16_opset27() -> None:
+    """Version 27 adds float16 bounds, counted in float32 (stash_type=1, the default): over 1000..1100 in
+    steps of 0.7, where float16 steps are 0.5 apart, every entry must equal onnxruntime's."""
+    model = range_float16()
+    feeds = {"s": np.array(1000.0, np.float16), "l": np.array(1100.0, np.float16), "d": np.array(0.7, np.float16)}
+    (expected,) = run_ort(model, feeds)
+    (got,) = run_module(import_onnx(model), feeds)
+    assert got.dtype == torch.float16 and got.shape == expected.shape
+    assert np.array_equal(got.numpy(), expected)
+
+
+def test_range_accumulating_in_float16_is_refused() -> None:
+    with pytest.raises(NotImplementedError, match=r"'range' \(ai.onnx::Range, opset 27\): stash_type=10"):
+        import_onnx(range_float16(stash_type=TensorProto.FLOAT16))
 
 
 def test_shape_arithmetic_div_mul_cast() -> None:
