@@ -1,4 +1,4 @@
-"""Converters for element-wise arithmetic, comparison, selection and casts.
+"""Converters for element-wise arithmetic, comparison, logic, selection and casts.
 
 Add/Sub/Mul/Div become ``operator.add/sub/mul/truediv`` (what ``a + b`` traces to); a one-element
 constant operand becomes a Python number, so ``x * 0.5`` reads as it would in a traced model. On shape
@@ -117,6 +117,72 @@ def equal(ctx: NodeContext) -> Any:
     if symbolic is not None:
         return symbolic
     return ctx.call(torch.eq, a, b)
+
+
+_COMPARISONS = {
+    "Greater": ((7, 9, 13), torch.gt),
+    "Less": ((7, 9, 13), torch.lt),
+    "GreaterOrEqual": ((12, 16), torch.ge),
+    "LessOrEqual": ((12, 16), torch.le),
+}
+_LOGICAL = {
+    "And": ((7,), torch.logical_and),
+    "Or": ((7,), torch.logical_or),
+    "Xor": ((7,), torch.logical_xor),
+}
+
+
+def _register_binary(op_type: str, versions: tuple[int, ...], target: Any) -> None:
+    """One converter per table entry: ``target(a, b)`` with numpy broadcasting, as ONNX has it."""
+
+    @converter(op_type, versions=versions)
+    def convert(ctx: NodeContext) -> Any:
+        return ctx.call(target, ctx.input(0), ctx.input(1))
+
+    convert.__name__ = convert.__qualname__ = op_type.lower()
+
+
+for _op, (_versions, _target) in {**_COMPARISONS, **_LOGICAL}.items():
+    _register_binary(_op, _versions, _target)
+
+
+@converter("Not", versions=(1,))
+def not_(ctx: NodeContext) -> Any:
+    return ctx.call(torch.logical_not, ctx.input(0))
+
+
+@converter("IsNaN", versions=(9, 13, 20))
+def isnan(ctx: NodeContext) -> Any:
+    return ctx.call(torch.isnan, ctx.input(0))
+
+
+def _extremum(ctx: NodeContext, target: Any, symbolic: str) -> Any:
+    """Max / Min of one or more inputs with broadcasting: ``torch.maximum`` pairwise (NaN wins, as in
+    ONNX). Shape vectors stay symbolic entry by entry."""
+    values = [ctx.input(i) for i in range(ctx.num_inputs) if ctx.has_input(i)]
+    result = values[0]
+    for value in values[1:]:
+        pairs = None
+        if isinstance(result, ShapeValue) or isinstance(value, ShapeValue):
+            sa, sb = as_shape_value(result), as_shape_value(value)
+            pairs = broadcast_pairs(sa, sb) if sa is not None and sb is not None else None
+        if pairs is not None:
+            pick = getattr(ctx.builder.items, symbolic)
+            scalar = sa.scalar and sb.scalar
+            result = ShapeValue(tuple(pick(x, y) for x, y in pairs), scalar=scalar, dtype=sa.dtype)
+        else:
+            result = ctx.call(target, result, value)
+    return result
+
+
+@converter("Max", versions=(8, 12, 13))
+def max_(ctx: NodeContext) -> Any:
+    return _extremum(ctx, torch.maximum, "maximum")
+
+
+@converter("Min", versions=(8, 12, 13))
+def min_(ctx: NodeContext) -> Any:
+    return _extremum(ctx, torch.minimum, "minimum")
 
 
 @converter("Pow", versions=(7, 12, 13, 15))

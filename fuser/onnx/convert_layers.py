@@ -1,5 +1,5 @@
 """Converters for layers with weights or windows: Conv, BatchNormalization, MatMul, Gemm, pooling,
-LayerNormalization, ReduceMean, Resize, Pad.
+LayerNormalization, ReduceMean, CumSum, Resize, Pad.
 
 These emit the canonical forms the fusion passes match: ``F.conv2d(x, w, b, stride, padding, dilation,
 groups)`` and ``F.batch_norm(x, mean, var, weight, bias, False, 0.0, eps)`` with their parameters read
@@ -265,6 +265,23 @@ def reduce_mean_attribute(ctx: NodeContext) -> Any:
 @converter("ReduceMean", versions=(18,))
 def reduce_mean_input(ctx: NodeContext) -> Any:
     return _reduce_mean(ctx, ctx.constant_ints(1, "axes"))
+
+
+@converter("CumSum", versions=(11, 14))
+def cumsum(ctx: NodeContext) -> Any:
+    """``torch.cumsum`` along the constant ``axis`` input, in the input's dtype (torch would widen
+    int32 to int64); ``reverse`` flips before and after, ``exclusive`` subtracts each element."""
+    x = ctx.input(0)
+    axes = ctx.constant_ints(1, "axis")
+    if axes is None or len(axes) != 1:
+        raise ctx.invalid(f"axis {axes} (expected one value)")
+    axis = axes[0]
+    if ctx.attr("reverse", 0):
+        x = ctx.call(torch.flip, x, (axis,))
+    y = ctx.call(torch.cumsum, x, axis, dtype=ctx.dtype(0))
+    if ctx.attr("exclusive", 0):
+        y = ctx.call(operator.sub, y, x)
+    return ctx.call(torch.flip, y, (axis,)) if ctx.attr("reverse", 0) else y
 
 
 _INTERPOLATION = {("linear", 1): "linear", ("linear", 2): "bilinear", ("linear", 3): "trilinear"}

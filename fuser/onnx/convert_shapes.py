@@ -1,5 +1,5 @@
-"""Converters for shapes and data movement: Shape, Gather, Concat, Split, Slice, Reshape, Flatten,
-Transpose, Squeeze, Unsqueeze, Expand, Constant, ConstantOfShape, Range.
+"""Converters for shapes and data movement: Shape, Gather, GatherElements, GatherND, Concat, Split, Slice,
+Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Expand, Constant, ConstantOfShape, Range.
 
 Shape yields a :class:`~fuser.onnx.shape_values.ShapeValue` of ``x.size(i)`` nodes, never the sizes
 seen at import time, and the others work on such vectors entry by entry, so a reshape to
@@ -46,6 +46,37 @@ def gather(ctx: NodeContext) -> Any:
         axis += ctx.require_rank(0)
     index: Any = int(indices) if indices is not None and indices.dim() == 0 else ctx.input(1)
     return ctx.call(operator.getitem, data, (slice(None),) * axis + (index,))
+
+
+@converter("GatherElements", versions=(11, 13))
+def gather_elements(ctx: NodeContext) -> Any:
+    """``torch.gather(data, axis, indices)``. ONNX allows negative indices, torch does not: they are
+    wrapped (at import time for constant indices, else with ``remainder`` by the run-time size)."""
+    data, index = ctx.input(0), ctx.input(1)
+    axis = int(ctx.attr("axis", 0))
+    if axis < 0:
+        axis += ctx.require_rank(0)
+    known = ctx.constant(1)
+    if ctx.dtype(1) != torch.int64:
+        index = ctx.method("long", index)
+    if known is None or bool((known < 0).any()):
+        index = ctx.call(torch.remainder, index, ctx.size(data, axis))
+    return ctx.call(torch.gather, data, axis, index)
+
+
+@converter("GatherND", versions=(11, 12, 13))
+def gather_nd(ctx: NodeContext) -> Any:
+    """``data[tuple(indices.unbind(-1))]``: the last axis of ``indices`` indexes the leading dims of
+    ``data``, and torch's advanced indexing gives ONNX's output shape and reads negative indices alike."""
+    if int(ctx.attr("batch_dims", 0)) != 0:
+        raise ctx.unsupported(f"batch_dims={ctx.attr('batch_dims')}")
+    depth = (ctx.static_shape(1) or [None])[-1]
+    if depth == 0:
+        raise ctx.unsupported("indices whose last dim is 0")
+    index = ctx.input(1)
+    if ctx.dtype(1) != torch.int64:
+        index = ctx.method("long", index)
+    return ctx.call(operator.getitem, ctx.input(0), ctx.call(torch.unbind, index, -1))
 
 
 @converter("Concat", versions=(4, 11, 13))
