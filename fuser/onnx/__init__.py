@@ -4,7 +4,7 @@
     fuser.onnx.export_onnx(module, (x,), "out.onnx")    # standard ONNX, dynamic batch, atomic write
 
 ``import_onnx`` feeds ``fuser.optimize``; converters live in a registry keyed by (domain, op_type,
-opset range), see :mod:`fuser.onnx.registry`. Names load on first use, so importing the exporter
+schema version), see :mod:`fuser.onnx.registry`. Names load on first use, so importing the exporter
 does not load the converters.
 """
 

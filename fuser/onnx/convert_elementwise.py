@@ -1,4 +1,4 @@
-"""Converters for element-wise arithmetic, comparison, selection and casts.
+"""Converters for element-wise arithmetic, comparison, logic, selection and casts.
 
 Add/Sub/Mul/Div become ``operator.add/sub/mul/truediv`` (what ``a + b`` traces to); a one-element
 constant operand becomes a Python number, so ``x * 0.5`` reads as it would in a traced model. On shape
@@ -90,27 +90,27 @@ def _binary(ctx: NodeContext, op: str) -> Any:
     return ctx.call(target, x, y)
 
 
-@converter("Add", opsets=(7, 21))
+@converter("Add", versions=(7, 13, 14))
 def add(ctx: NodeContext) -> Any:
     return _binary(ctx, "add")
 
 
-@converter("Sub", opsets=(7, 21))
+@converter("Sub", versions=(7, 13, 14))
 def sub(ctx: NodeContext) -> Any:
     return _binary(ctx, "sub")
 
 
-@converter("Mul", opsets=(7, 21))
+@converter("Mul", versions=(7, 13, 14))
 def mul(ctx: NodeContext) -> Any:
     return _binary(ctx, "mul")
 
 
-@converter("Div", opsets=(7, 21))
+@converter("Div", versions=(7, 13, 14))
 def div(ctx: NodeContext) -> Any:
     return _binary(ctx, "div")
 
 
-@converter("Equal", opsets=(11, 21))
+@converter("Equal", versions=(11, 13, 19))
 def equal(ctx: NodeContext) -> Any:
     a, b = ctx.input(0), ctx.input(1)
     symbolic = _symbolic_binary(ctx, "eq", a, b)
@@ -119,7 +119,73 @@ def equal(ctx: NodeContext) -> Any:
     return ctx.call(torch.eq, a, b)
 
 
-@converter("Pow", opsets=(7, 21))
+_COMPARISONS = {
+    "Greater": ((7, 9, 13), torch.gt),
+    "Less": ((7, 9, 13), torch.lt),
+    "GreaterOrEqual": ((12, 16), torch.ge),
+    "LessOrEqual": ((12, 16), torch.le),
+}
+_LOGICAL = {
+    "And": ((7,), torch.logical_and),
+    "Or": ((7,), torch.logical_or),
+    "Xor": ((7,), torch.logical_xor),
+}
+
+
+def _register_binary(op_type: str, versions: tuple[int, ...], target: Any) -> None:
+    """One converter per table entry: ``target(a, b)`` with numpy broadcasting, as ONNX has it."""
+
+    @converter(op_type, versions=versions)
+    def convert(ctx: NodeContext) -> Any:
+        return ctx.call(target, ctx.input(0), ctx.input(1))
+
+    convert.__name__ = convert.__qualname__ = op_type.lower()
+
+
+for _op, (_versions, _target) in {**_COMPARISONS, **_LOGICAL}.items():
+    _register_binary(_op, _versions, _target)
+
+
+@converter("Not", versions=(1,))
+def not_(ctx: NodeContext) -> Any:
+    return ctx.call(torch.logical_not, ctx.input(0))
+
+
+@converter("IsNaN", versions=(9, 13, 20))
+def isnan(ctx: NodeContext) -> Any:
+    return ctx.call(torch.isnan, ctx.input(0))
+
+
+def _extremum(ctx: NodeContext, target: Any, symbolic: str) -> Any:
+    """Max / Min of one or more inputs with broadcasting: ``torch.maximum`` pairwise (NaN wins, as in
+    ONNX). Shape vectors stay symbolic entry by entry."""
+    values = [ctx.input(i) for i in range(ctx.num_inputs) if ctx.has_input(i)]
+    result = values[0]
+    for value in values[1:]:
+        pairs = None
+        if isinstance(result, ShapeValue) or isinstance(value, ShapeValue):
+            sa, sb = as_shape_value(result), as_shape_value(value)
+            pairs = broadcast_pairs(sa, sb) if sa is not None and sb is not None else None
+        if pairs is not None:
+            pick = getattr(ctx.builder.items, symbolic)
+            scalar = sa.scalar and sb.scalar
+            result = ShapeValue(tuple(pick(x, y) for x, y in pairs), scalar=scalar, dtype=sa.dtype)
+        else:
+            result = ctx.call(target, result, value)
+    return result
+
+
+@converter("Max", versions=(8, 12, 13))
+def max_(ctx: NodeContext) -> Any:
+    return _extremum(ctx, torch.maximum, "maximum")
+
+
+@converter("Min", versions=(8, 12, 13))
+def min_(ctx: NodeContext) -> Any:
+    return _extremum(ctx, torch.minimum, "minimum")
+
+
+@converter("Pow", versions=(7, 12, 13, 15))
 def pow_(ctx: NodeContext) -> Any:
     """``torch.pow(x, 2.0)`` for a constant exponent; ONNX keeps the base's dtype, so an integer base
     with a float exponent is cast back."""
@@ -135,12 +201,12 @@ def pow_(ctx: NodeContext) -> Any:
     return result
 
 
-@converter("Sqrt", opsets=(6, 21))
+@converter("Sqrt", versions=(6, 13))
 def sqrt(ctx: NodeContext) -> Any:
     return ctx.call(torch.sqrt, ctx.input(0))
 
 
-@converter("Where", opsets=(9, 21))
+@converter("Where", versions=(9, 16))
 def where(ctx: NodeContext) -> Any:
     cond, a, b = ctx.input(0), ctx.input(1), ctx.input(2)
     if any(isinstance(v, ShapeValue) for v in (cond, a, b)):
@@ -165,7 +231,7 @@ def _symbolic_where(cond: Value, a: Value, b: Value) -> ShapeValue | None:
     return ShapeValue(items, scalar=sc.scalar and sa.scalar and sb.scalar, dtype=sa.dtype)
 
 
-@converter("Cast", opsets=(6, 21))
+@converter("Cast", versions=(6, 9, 13, 19, 21, 23, 24, 25, 28))
 def cast(ctx: NodeContext) -> Any:
     x = ctx.input(0)
     dtype = torch_dtype(int(ctx.attr("to")), ctx.describe())
@@ -177,6 +243,6 @@ def cast(ctx: NodeContext) -> Any:
     return ctx.method("to", x, dtype)
 
 
-@converter("Identity", opsets=(1, 21))
+@converter("Identity", versions=(1, 13, 14, 16, 19, 21, 23, 24, 25))
 def identity(ctx: NodeContext) -> Any:
     return ctx.input(0)

@@ -1,5 +1,5 @@
 """Converters for layers with weights or windows: Conv, BatchNormalization, MatMul, Gemm, pooling,
-LayerNormalization, ReduceMean, Resize, Pad.
+LayerNormalization, ReduceMean, CumSum, Resize, Pad.
 
 These emit the canonical forms the fusion passes match: ``F.conv2d(x, w, b, stride, padding, dilation,
 groups)`` and ``F.batch_norm(x, mean, var, weight, bias, False, 0.0, eps)`` with their parameters read
@@ -74,7 +74,7 @@ def _spatial_rank(ctx: NodeContext, i: int, what: str) -> int:
     return rank - 2
 
 
-@converter("Conv", opsets=(1, 21))
+@converter("Conv", versions=(1, 11, 22))
 def conv(ctx: NodeContext) -> Any:
     x, w, b = ctx.input(0), ctx.input(1), ctx.optional_input(2)
     n = _spatial_rank(ctx, 1, "Conv")
@@ -95,7 +95,7 @@ def conv(ctx: NodeContext) -> Any:
     return ctx.call(_CONV[n], x, w, b, tuple(strides), padding, tuple(dilations), groups)
 
 
-@converter("BatchNormalization", opsets=(9, 21))
+@converter("BatchNormalization", versions=(9, 14, 15))
 def batch_norm(ctx: NodeContext) -> Any:
     if ctx.attr("training_mode", 0):
         raise ctx.unsupported("training_mode=1 (inference graphs only)")
@@ -104,12 +104,12 @@ def batch_norm(ctx: NodeContext) -> Any:
     return ctx.call(F.batch_norm, x, mean, var, scale, bias, False, 0.0, eps)
 
 
-@converter("MatMul", opsets=(9, 21))
+@converter("MatMul", versions=(9, 13))
 def matmul(ctx: NodeContext) -> Any:
     return ctx.call(torch.matmul, ctx.input(0), ctx.input(1))
 
 
-@converter("Gemm", opsets=(7, 21))
+@converter("Gemm", versions=(7, 9, 11, 13))
 def gemm(ctx: NodeContext) -> Any:
     """``alpha * A' @ B' + beta * C``. With a constant B this is ``F.linear(a, w, b)``: the weight in
     linear's [N, K] layout (transposed into its own buffer when transB=0, alpha folded in) and a bias
@@ -169,7 +169,7 @@ def _pool_windows(ctx: NodeContext, n: int) -> tuple[list[int], list[int], list[
     return kernel, strides, dilations, _window_pads(ctx, kernel, strides, dilations)
 
 
-@converter("MaxPool", opsets=(8, 21))
+@converter("MaxPool", versions=(8, 10, 11, 12, 22))
 def max_pool(ctx: NodeContext) -> Any:
     if int(ctx.attr("storage_order", 0)) != 0:
         raise ctx.unsupported("storage_order=1")
@@ -188,7 +188,7 @@ def max_pool(ctx: NodeContext) -> Any:
     return ctx.call(_MAX_POOL[n], x, tuple(kernel), tuple(strides), padding, tuple(dilations), ceil_mode)
 
 
-@converter("AveragePool", opsets=(7, 21))
+@converter("AveragePool", versions=(7, 10, 11, 19, 22))
 def average_pool(ctx: NodeContext) -> Any:
     x = ctx.input(0)
     n = _spatial_rank(ctx, 0, "AveragePool")
@@ -212,7 +212,7 @@ def average_pool(ctx: NodeContext) -> Any:
     return ctx.call(_AVG_POOL[n], x, tuple(kernel), tuple(strides), padding, ceil_mode, count_include_pad)
 
 
-@converter("GlobalAveragePool", opsets=(1, 21))
+@converter("GlobalAveragePool", versions=(1, 22))
 def global_average_pool(ctx: NodeContext) -> Any:
     x = ctx.input(0)
     rank = ctx.require_rank(0)
@@ -221,7 +221,7 @@ def global_average_pool(ctx: NodeContext) -> Any:
     return ctx.call(torch.mean, x, dim=tuple(range(2, rank)), keepdim=True)
 
 
-@converter("LayerNormalization", opsets=(17, 21))
+@converter("LayerNormalization", versions=(17,))
 def layer_norm(ctx: NodeContext) -> Any:
     """``F.layer_norm`` over the dims from ``axis`` on. Their sizes come from the scale when it has
     them (a constant's shape) or from shape inference: normalized dims are features, never the batch."""
@@ -257,20 +257,37 @@ def _reduce_mean(ctx: NodeContext, axes: list[int] | None) -> Any:
     return ctx.call(torch.mean, x, dim=tuple(axes), keepdim=keepdim)
 
 
-@converter("ReduceMean", opsets=(1, 17))
+@converter("ReduceMean", versions=(1, 11, 13))
 def reduce_mean_attribute(ctx: NodeContext) -> Any:
     return _reduce_mean(ctx, ctx.attr("axes"))
 
 
-@converter("ReduceMean", opsets=(18, 21))
+@converter("ReduceMean", versions=(18,))
 def reduce_mean_input(ctx: NodeContext) -> Any:
     return _reduce_mean(ctx, ctx.constant_ints(1, "axes"))
+
+
+@converter("CumSum", versions=(11, 14))
+def cumsum(ctx: NodeContext) -> Any:
+    """``torch.cumsum`` along the constant ``axis`` input, in the input's dtype (torch would widen
+    int32 to int64); ``reverse`` flips before and after, ``exclusive`` subtracts each element."""
+    x = ctx.input(0)
+    axes = ctx.constant_ints(1, "axis")
+    if axes is None or len(axes) != 1:
+        raise ctx.invalid(f"axis {axes} (expected one value)")
+    axis = axes[0]
+    if ctx.attr("reverse", 0):
+        x = ctx.call(torch.flip, x, (axis,))
+    y = ctx.call(torch.cumsum, x, axis, dtype=ctx.dtype(0))
+    if ctx.attr("exclusive", 0):
+        y = ctx.call(operator.sub, y, x)
+    return ctx.call(torch.flip, y, (axis,)) if ctx.attr("reverse", 0) else y
 
 
 _INTERPOLATION = {("linear", 1): "linear", ("linear", 2): "bilinear", ("linear", 3): "trilinear"}
 
 
-@converter("Resize", opsets=(11, 21))
+@converter("Resize", versions=(11, 13, 18, 19))
 def resize(ctx: NodeContext) -> Any:
     """``F.interpolate`` for the ONNX resize forms torch has an exact twin of:
 
@@ -368,7 +385,7 @@ def _resize_target(ctx: NodeContext, rank: int, axes: list[int]) -> tuple[tuple 
 _PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "replicate", "wrap": "circular"}
 
 
-@converter("Pad", opsets=(11, 21))
+@converter("Pad", versions=(11, 13, 18, 19, 21, 23, 24, 25))
 def pad(ctx: NodeContext) -> Any:
     """``F.pad``; pads must be known at import time. The non-constant modes pad at most the last three
     dims of a 2-D to 5-D tensor in torch, so the padded dims are widened to a form torch accepts."""

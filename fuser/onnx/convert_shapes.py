@@ -1,5 +1,5 @@
-"""Converters for shapes and data movement: Shape, Gather, Concat, Split, Slice, Reshape, Flatten,
-Transpose, Squeeze, Unsqueeze, Expand, Constant, ConstantOfShape, Range.
+"""Converters for shapes and data movement: Shape, Gather, GatherElements, GatherND, Concat, Split, Slice,
+Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Expand, Constant, ConstantOfShape, Range.
 
 Shape yields a :class:`~fuser.onnx.shape_values.ShapeValue` of ``x.size(i)`` nodes, never the sizes
 seen at import time, and the others work on such vectors entry by entry, so a reshape to
@@ -11,6 +11,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+import onnx
 import torch
 from torch import fx
 
@@ -20,7 +21,7 @@ from fuser.onnx.registry import converter
 from fuser.onnx.shape_values import ShapeValue, normalize_index, slice_items
 
 
-@converter("Shape", opsets=(1, 21))
+@converter("Shape", versions=(1, 13, 15, 19, 21, 23, 24, 25))
 def shape(ctx: NodeContext) -> Any:
     x = ctx.input(0)
     window = slice(int(ctx.attr("start", 0)), ctx.attr("end"))
@@ -30,7 +31,7 @@ def shape(ctx: NodeContext) -> Any:
     return ShapeValue(tuple(dims[window]))
 
 
-@converter("Gather", opsets=(11, 21))
+@converter("Gather", versions=(11, 13))
 def gather(ctx: NodeContext) -> Any:
     """``data[:, ..., indices]`` (advanced indexing has ONNX's output shape and negative indices); a
     scalar constant index is a Python int, which drops the axis as ONNX does."""
@@ -47,7 +48,38 @@ def gather(ctx: NodeContext) -> Any:
     return ctx.call(operator.getitem, data, (slice(None),) * axis + (index,))
 
 
-@converter("Concat", opsets=(4, 21))
+@converter("GatherElements", versions=(11, 13))
+def gather_elements(ctx: NodeContext) -> Any:
+    """``torch.gather(data, axis, indices)``. ONNX allows negative indices, torch does not: they are
+    wrapped (at import time for constant indices, else with ``remainder`` by the run-time size)."""
+    data, index = ctx.input(0), ctx.input(1)
+    axis = int(ctx.attr("axis", 0))
+    if axis < 0:
+        axis += ctx.require_rank(0)
+    known = ctx.constant(1)
+    if ctx.dtype(1) != torch.int64:
+        index = ctx.method("long", index)
+    if known is None or bool((known < 0).any()):
+        index = ctx.call(torch.remainder, index, ctx.size(data, axis))
+    return ctx.call(torch.gather, data, axis, index)
+
+
+@converter("GatherND", versions=(11, 12, 13))
+def gather_nd(ctx: NodeContext) -> Any:
+    """``data[tuple(indices.unbind(-1))]``: the last axis of ``indices`` indexes the leading dims of
+    ``data``, and torch's advanced indexing gives ONNX's output shape and reads negative indices alike."""
+    if int(ctx.attr("batch_dims", 0)) != 0:
+        raise ctx.unsupported(f"batch_dims={ctx.attr('batch_dims')}")
+    depth = (ctx.static_shape(1) or [None])[-1]
+    if depth == 0:
+        raise ctx.unsupported("indices whose last dim is 0")
+    index = ctx.input(1)
+    if ctx.dtype(1) != torch.int64:
+        index = ctx.method("long", index)
+    return ctx.call(operator.getitem, ctx.input(0), ctx.call(torch.unbind, index, -1))
+
+
+@converter("Concat", versions=(4, 11, 13))
 def concat(ctx: NodeContext) -> Any:
     values = [ctx.input(i) for i in range(ctx.num_inputs) if ctx.has_input(i)]
     axis = int(ctx.attr("axis"))
@@ -73,18 +105,18 @@ def _split(ctx: NodeContext, sizes: list[int] | None) -> list[Any]:
     return [ctx.call(operator.getitem, parts, i) for i in range(count)]
 
 
-@converter("Split", opsets=(2, 12))
+@converter("Split", versions=(2, 11))
 def split_attribute(ctx: NodeContext) -> Any:
     sizes = ctx.attr("split")
     return _split(ctx, list(sizes) if sizes else None)
 
 
-@converter("Split", opsets=(13, 21))
+@converter("Split", versions=(13, 18))
 def split_input(ctx: NodeContext) -> Any:
     return _split(ctx, ctx.constant_ints(1, "split"))
 
 
-@converter("Slice", opsets=(10, 21))
+@converter("Slice", versions=(10, 11, 13))
 def slice_(ctx: NodeContext) -> Any:
     """Python slicing: ``x[:, a:b:c]``. Starts and ends may be run-time sizes (shape vectors with
     ``x.size(i)`` entries); a negative step flips the axis and slices the flipped tensor."""
@@ -130,7 +162,7 @@ def slice_(ctx: NodeContext) -> Any:
     return ctx.call(operator.getitem, x, tuple(key))
 
 
-@converter("Reshape", opsets=(5, 21))
+@converter("Reshape", versions=(5, 13, 14, 19, 21, 23, 24, 25))
 def reshape(ctx: NodeContext) -> Any:
     """``torch.reshape(x, shape)``; a 0 in the shape copies the input's size there (unless allowzero),
     which for the batch dim is ``x.size(0)`` at run time."""
@@ -151,7 +183,7 @@ def reshape(ctx: NodeContext) -> Any:
     return ctx.call(torch.reshape, x, tuple(items))
 
 
-@converter("Flatten", opsets=(1, 21))
+@converter("Flatten", versions=(1, 9, 11, 13, 21, 23, 24, 25))
 def flatten(ctx: NodeContext) -> Any:
     """2-D output [prod(dims before axis), prod(dims from axis)]."""
     x = ctx.input(0)
@@ -168,7 +200,7 @@ def flatten(ctx: NodeContext) -> Any:
     return ctx.call(torch.flatten, ctx.call(torch.flatten, x, 0, axis - 1), 1)
 
 
-@converter("Transpose", opsets=(1, 21))
+@converter("Transpose", versions=(1, 13, 21, 23, 24, 25))
 def transpose(ctx: NodeContext) -> Any:
     x = ctx.input(0)
     perm = ctx.attr("perm")
@@ -188,13 +220,13 @@ def _squeeze(ctx: NodeContext, axes: list[int] | None) -> Any:
     return ctx.call(torch.squeeze, x, tuple(axes))
 
 
-@converter("Squeeze", opsets=(1, 12))
+@converter("Squeeze", versions=(1, 11))
 def squeeze_attribute(ctx: NodeContext) -> Any:
     axes = ctx.attr("axes")
     return _squeeze(ctx, list(axes) if axes else None)
 
 
-@converter("Squeeze", opsets=(13, 21))
+@converter("Squeeze", versions=(13, 21, 23, 24, 25))
 def squeeze_input(ctx: NodeContext) -> Any:
     return _squeeze(ctx, ctx.constant_ints(1, "axes"))
 
@@ -211,17 +243,17 @@ def _unsqueeze(ctx: NodeContext, axes: list[int]) -> Any:
     return x
 
 
-@converter("Unsqueeze", opsets=(1, 12))
+@converter("Unsqueeze", versions=(1, 11))
 def unsqueeze_attribute(ctx: NodeContext) -> Any:
     return _unsqueeze(ctx, list(ctx.attr("axes")))
 
 
-@converter("Unsqueeze", opsets=(13, 21))
+@converter("Unsqueeze", versions=(13, 21, 23, 24, 25))
 def unsqueeze_input(ctx: NodeContext) -> Any:
     return _unsqueeze(ctx, ctx.constant_ints(1, "axes"))
 
 
-@converter("Expand", opsets=(8, 21))
+@converter("Expand", versions=(8, 13))
 def expand(ctx: NodeContext) -> Any:
     """``x.expand(sizes)``. ONNX broadcasts x against the shape, where a 1 keeps the input's size: that
     is torch's -1. A run-time entry over an input dim that is 1 is the new size; over any other known
@@ -248,7 +280,7 @@ def expand(ctx: NodeContext) -> Any:
     return ctx.method("expand", x, tuple(sizes))
 
 
-@converter("Constant", opsets=(1, 21))
+@converter("Constant", versions=(1, 9, 11, 12, 13, 19, 21, 23, 24, 25))
 def constant(ctx: NodeContext) -> Any:
     for name, dtype in (("value_float", torch.float32), ("value_floats", torch.float32)):
         if name in ctx.attrs:
@@ -261,7 +293,7 @@ def constant(ctx: NodeContext) -> Any:
     raise ctx.unsupported(f"a Constant given as {', '.join(ctx.attrs) or 'nothing'}")
 
 
-@converter("ConstantOfShape", opsets=(9, 21))
+@converter("ConstantOfShape", versions=(9, 20, 21, 23, 24, 25))
 def constant_of_shape(ctx: NodeContext) -> Any:
     value = ctx.attr("value")
     value = torch.zeros(1, dtype=torch.float32) if value is None else value
@@ -271,12 +303,19 @@ def constant_of_shape(ctx: NodeContext) -> Any:
     return ctx.create(torch.full, tuple(target.items), value.reshape(()).item(), dtype=value.dtype)
 
 
-@converter("Range", opsets=(11, 21))
+@converter("Range", versions=(11, 27))
 def range_(ctx: NodeContext) -> Any:
+    """``torch.arange``. Version 27 adds float16 and bfloat16 bounds, counted in float32 and cast back
+    (``stash_type=1``, the default); counting by successive additions in the half type is not converted."""
     bounds = []
     for i in range(3):
         value = ctx.input(i)
         vector = as_shape_value(value) if not isinstance(value, fx.Node) else None
         bounds.append(vector.items[0] if vector is not None else value)
     dtype = ctx.dtype(0) or torch.int64
+    if dtype in (torch.float16, torch.bfloat16):
+        stash = int(ctx.attr("stash_type", onnx.TensorProto.FLOAT))
+        if stash != onnx.TensorProto.FLOAT:
+            raise ctx.unsupported(f"stash_type={stash} (accumulating in {dtype})")
+        return ctx.method("to", ctx.create(torch.arange, *bounds, dtype=torch.float32), dtype)
     return ctx.create(torch.arange, *bounds, dtype=dtype)

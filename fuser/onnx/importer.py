@@ -134,7 +134,8 @@ def _require_converters(graph: onnx.GraphProto, opsets: dict[str, int], source: 
     parts = []
     for (domain, op_type, opset), names in missing.items():
         shown = ", ".join(repr(n) for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        parts.append(f"op {op_type!r} of domain {domain_label(domain)!r} at opset {opset} (node {shown})")
+        reason = REGISTRY.missing_reason(domain, op_type, opset)
+        parts.append(f"op {op_type!r} of domain {domain_label(domain)!r} at opset {opset} (node {shown}): {reason}")
     raise NotImplementedError(f"{source}: no converter for " + "; ".join(parts))
 
 

@@ -1,11 +1,12 @@
-"""Element-wise arithmetic, comparison, selection and casts imported from ONNX match onnxruntime."""
+"""Element-wise arithmetic, comparison, logic, selection and casts imported from ONNX match onnxruntime."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from onnx import TensorProto, helper
-from onnx_testing import INT64, check_import, const, info, make_model, single_op
+from onnx_testing import INT64, call_targets, check_import, const, info, make_model, single_op
 
 SHAPE = ["N", 3, 7, 5]
 
@@ -116,3 +117,57 @@ def test_float_dtype_preserved_with_python_scalar() -> None:
         opset=13,
     )
     check_import(model, "float16 Mul", tol=1e-3)
+
+
+# -- comparisons, logic, IsNaN, Max / Min (what transformers' attention-mask code exports to) -----------
+
+
+@pytest.mark.parametrize("op", ["Greater", "Less", "GreaterOrEqual", "LessOrEqual"])
+@pytest.mark.parametrize("dtype", [INT64, TensorProto.FLOAT])
+def test_comparison(op: str, dtype: int) -> None:
+    """Integers drawn from [-5, 5] are often equal, so ``>`` and ``>=`` differ on many entries."""
+    model = single_op(op, [SHAPE, [7, 1]], input_dtype=dtype, output_dtype=TensorProto.BOOL, opset=16)
+    check_import(model, f"{op} {dtype}")
+
+
+@pytest.mark.parametrize("op", ["And", "Or", "Xor"])
+def test_logical(op: str) -> None:
+    inputs = [info("x0", SHAPE, TensorProto.BOOL), info("x1", [1, 7, 5], TensorProto.BOOL)]
+    node = helper.make_node(op, ["x0", "x1"], ["y0"])
+    check_import(make_model([node], inputs, [info("y0", None, TensorProto.BOOL)], opset=13), op)
+
+
+def test_not_of_a_comparison() -> None:
+    nodes = [helper.make_node("Greater", ["x0", "x1"], ["gt"]), helper.make_node("Not", ["gt"], ["y0"])]
+    inputs = [info("x0", SHAPE), info("x1", [5])]
+    check_import(make_model(nodes, inputs, [info("y0", None, TensorProto.BOOL)], opset=13), "Not")
+
+
+def test_isnan_masks_what_sqrt_leaves_undefined() -> None:
+    """sqrt of a negative entry is NaN: about half the entries; the attention exports zero them with Where."""
+    nodes = [
+        helper.make_node("Sqrt", ["x0"], ["root"]),
+        helper.make_node("IsNaN", ["root"], ["nan"]),
+        helper.make_node("Where", ["nan", "zero", "root"], ["y0"]),
+        helper.make_node("Identity", ["nan"], ["y1"]),
+    ]
+    outputs = [info("y0", None), info("y1", None, TensorProto.BOOL)]
+    model = make_model(nodes, [info("x0", SHAPE)], outputs, [const("zero", np.float32(0.0))], opset=20)
+    check_import(model, "IsNaN")
+
+
+@pytest.mark.parametrize("op", ["Max", "Min"])
+@pytest.mark.parametrize("dtype", [INT64, TensorProto.FLOAT])
+def test_max_min_of_three_broadcast_inputs(op: str, dtype: int) -> None:
+    node = helper.make_node(op, ["x0", "x1", "x2"], ["y0"])
+    inputs = [info("x0", SHAPE, dtype), info("x1", ["N", 1, 7, 1], dtype), info("x2", [5], dtype)]
+    check_import(make_model([node], inputs, [info("y0", None, dtype)], opset=13), f"{op} {dtype}")
+
+
+@pytest.mark.parametrize("op", ["Max", "Min"])
+def test_max_min_of_a_shape_vector_stays_symbolic(op: str) -> None:
+    """max(shape, [1, 6, 6, 6]) entry by entry at import time: no tensor op, the batch still read at run time."""
+    nodes = [helper.make_node("Shape", ["x0"], ["s"]), helper.make_node(op, ["s", "floor"], ["y0"])]
+    model = make_model(nodes, [info("x0", SHAPE)], [info("y0", None, INT64)], [const("floor", [1, 6, 6, 6])], opset=13)
+    module = check_import(model, f"{op} of Shape")
+    assert not {torch.maximum, torch.minimum} & set(call_targets(module))

@@ -1,11 +1,11 @@
 """Layers imported from ONNX (Conv, BatchNormalization, MatMul, Gemm, pools, LayerNormalization,
-ReduceMean, Resize, Pad) match onnxruntime at two batch sizes, across attribute and opset forms."""
+ReduceMean, CumSum, Resize, Pad) match onnxruntime at two batch sizes, across attribute and opset forms."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import helper
+from onnx import TensorProto, helper
 from onnx_testing import (
     assert_outputs_match,
     check_import,
@@ -224,6 +224,40 @@ def test_reduce_mean_noop_with_empty_axes() -> None:
     model = single_op("ReduceMean", [["N", 5, 7, 3]], opset=18, noop_with_empty_axes=1)
     module = check_import(model, "ReduceMean noop")
     assert [n.op for n in module.graph.nodes] == ["placeholder", "output"]
+
+
+# -- CumSum ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reverse, exclusive", [(0, 0), (1, 0), (0, 1), (1, 1)])
+@pytest.mark.parametrize("axis", [1, -1])
+def test_cumsum(axis: int, reverse: int, exclusive: int) -> None:
+    inits = [const("axis", np.int64(axis))]
+    model = single_op(
+        "CumSum",
+        [["N", 5, 7]],
+        opset=14,
+        initializers=inits,
+        extra_inputs=["axis"],
+        reverse=reverse,
+        exclusive=exclusive,
+    )
+    check_import(model, f"CumSum axis {axis} reverse {reverse} exclusive {exclusive}")
+
+
+@pytest.mark.parametrize("dtype", [TensorProto.INT32, TensorProto.INT64])
+def test_cumsum_keeps_the_integer_dtype(dtype: int) -> None:
+    """torch.cumsum widens int32 to int64 unless told; GPT-2's position ids are a cumsum of the mask."""
+    model = single_op(
+        "CumSum",
+        [["N", 9]],
+        opset=11,
+        initializers=[const("axis", np.array([1], np.int64))],
+        extra_inputs=["axis"],
+        input_dtype=dtype,
+        output_dtype=dtype,
+    )
+    check_import(model, f"CumSum {dtype}")
 
 
 # -- Resize ----------------------------------------------------------------------------------------

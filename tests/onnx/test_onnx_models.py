@@ -128,3 +128,24 @@ def test_bert_below_opset_20_fuses_its_written_out_tanh_gelu(tmp_path: Path) -> 
     x_run = example_input("bert_tiny", batch=RUN_BATCH, size=16, seed=1)
     with torch.no_grad():
         assert_like_onnxruntime(optimized(x_run), path, x_run, "bert_tiny", "bert opset 17, optimized")
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("name", ["yolov8n", "vit_tiny"])
+def test_dynamo_export_imports_and_matches_onnxruntime(name: str, tmp_path: Path) -> None:
+    """torch.onnx's dynamo exporter writes other graphs than the TorchScript one (no Constant nodes,
+    shape arithmetic folded, ReduceMean's axes as an input): they import and match onnxruntime too. The
+    detector (shape arithmetic, Split, Resize) and the transformer (attention) are the two kinds that
+    differ; the CNN classifiers export to the same Conv chains either way (each takes ~20 s to export)."""
+    pytest.importorskip("onnxscript", reason="torch.onnx.export(dynamo=True) needs onnxscript")
+    size, kwargs, _ = MODELS[name]
+    model = build(name, **kwargs)
+    path = tmp_path / f"{name}.onnx"
+    shapes = ({0: torch.export.Dim("batch")},)
+    x = example_input(name, batch=EXPORT_BATCH, size=size)
+    torch.onnx.export(model, (x,), path, input_names=["x"], dynamic_shapes=shapes, opset_version=18, dynamo=True)
+    module = import_onnx(path)
+    x_run = example_input(name, batch=RUN_BATCH, size=size, seed=1)
+    with torch.no_grad():
+        out = module(x_run)
+    assert_like_onnxruntime(out, path, x_run, name, f"{name} dynamo export")

@@ -4,11 +4,13 @@ batch size at run time (each graph runs at two batch sizes)."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper
 from onnx_testing import (
     INT64,
+    assert_outputs_match,
     assert_survives_pickling,
     call_targets,
     check_import,
@@ -16,8 +18,12 @@ from onnx_testing import (
     info,
     make_model,
     random_feeds,
+    run_module,
+    run_ort,
     single_op,
 )
+
+from fuser.onnx.importer import import_onnx
 
 SHAPE = ["N", 6, 5, 7]
 
@@ -58,6 +64,62 @@ def test_gather_embedding() -> None:
     model = make_model([node], [info("ids", ["N", 7], INT64)], [info("y", None)], [table], opset=13)
     # random_feeds draws ids in [-5, 5]: negative ids index from the end, as in onnxruntime.
     check_import(model, "Gather embedding")
+
+
+def check_with_indices_in(model: onnx.ModelProto, low: int, high: int, what: str) -> None:
+    """Like check_import, with the run-time input "i" clipped to [low, high]: valid indices at both batch
+    sizes (out-of-range ones are an error in onnxruntime, not a value)."""
+    module = import_onnx(model)
+    for batch in (2, 5):
+        feeds = random_feeds(model, batch, seed=batch)
+        feeds["i"] = np.clip(feeds["i"], low, high)
+        assert_outputs_match(run_module(module, feeds), run_ort(model, feeds), f"{what} batch {batch}")
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_gather_elements_run_time_indices(axis: int) -> None:
+    """Indices in [-5, 4] over data dims of at least 5: negative ones count from the end, as in onnxruntime."""
+    index_shape = {0: ["N", 5, 7], 1: [6, "N", 7], -1: [6, 5, "N"]}[axis]
+    node = helper.make_node("GatherElements", ["x0", "i"], ["y0"], axis=axis)
+    inputs = [info("x0", [6, 5, 7]), info("i", index_shape, INT64)]
+    check_with_indices_in(make_model([node], inputs, [info("y0", None)], opset=13), -5, 4, f"GatherElements {axis}")
+
+
+@pytest.mark.parametrize("negative", [False, True])
+def test_gather_elements_constant_int32_indices(negative: bool) -> None:
+    rng = np.random.default_rng(1)
+    indices = rng.integers(-5 if negative else 0, 5, (3, 5, 4)).astype(np.int32)
+    node = helper.make_node("GatherElements", ["x0", "i"], ["y0"], axis=-1)
+    model = make_model([node], [info("x0", ["N", 5, 7])], [info("y0", None)], [const("i", indices)], opset=11)
+    check_import(model, "GatherElements constant indices", batches=(3,))
+
+
+def test_gather_elements_of_a_constant_table() -> None:
+    """The position-id lookup of transformers' BERT export: a constant [1, 64] table, run-time indices."""
+    table = const("table", np.arange(64, dtype=np.int64)[None] * 3)
+    node = helper.make_node("GatherElements", ["table", "i"], ["y0"], axis=1)
+    model = make_model([node], [info("i", [1, "N"], INT64)], [info("y0", None, INT64)], [table], opset=13)
+    check_import(model, "GatherElements of a table")
+
+
+@pytest.mark.parametrize(
+    "data_shape, index_shape",
+    [(["N", 6, 5], ["N", 3, 1]), (["N", 6, 5], [4, 2]), ([7, 6, 5], ["N", 2, 4, 3])],
+    ids=["rows", "pairs", "points"],
+)
+def test_gather_nd(data_shape: list, index_shape: list) -> None:
+    """The last index dim picks that many leading data dims; indices in [-2, 1] are valid for the batch
+    dim at both batch sizes."""
+    node = helper.make_node("GatherND", ["x0", "i"], ["y0"])
+    model = make_model([node], [info("x0", data_shape), info("i", index_shape, INT64)], [info("y0", None)], opset=13)
+    check_with_indices_in(model, -2, 1, "GatherND")
+
+
+def test_gather_nd_with_batch_dims_is_refused() -> None:
+    node = helper.make_node("GatherND", ["x0", "i"], ["y0"], name="gnd", batch_dims=1)
+    model = make_model([node], [info("x0", ["N", 6, 5]), info("i", ["N", 2, 1], INT64)], [info("y0", None)], opset=13)
+    with pytest.raises(NotImplementedError, match=r"'gnd' \(ai.onnx::GatherND, opset 13\): batch_dims=1"):
+        import_onnx(model)
 
 
 def test_shape_gather_as_output() -> None:
@@ -342,6 +404,28 @@ def test_range_from_run_time_size() -> None:
     outputs = [info("y0", None, INT64), info("y1", None)]
     module = check_import(make_model(nodes, [info("x", SHAPE)], outputs, inits, opset=13), "Range")
     assert torch.arange in call_targets(module)
+
+
+def range_float16(**attrs: int) -> onnx.ModelProto:
+    half = TensorProto.FLOAT16
+    node = helper.make_node("Range", ["s", "l", "d"], ["y"], name="range", **attrs)
+    return make_model([node], [info(n, [], half) for n in "sld"], [info("y", None, half)], opset=27)
+
+
+def test_range_float16_opset27() -> None:
+    """Version 27 adds float16 bounds, counted in float32 (stash_type=1, the default): over 1000..1100 in
+    steps of 0.7, where float16 steps are 0.5 apart, every entry must equal onnxruntime's."""
+    model = range_float16()
+    feeds = {"s": np.array(1000.0, np.float16), "l": np.array(1100.0, np.float16), "d": np.array(0.7, np.float16)}
+    (expected,) = run_ort(model, feeds)
+    (got,) = run_module(import_onnx(model), feeds)
+    assert got.dtype == torch.float16 and got.shape == expected.shape
+    assert np.array_equal(got.numpy(), expected)
+
+
+def test_range_accumulating_in_float16_is_refused() -> None:
+    with pytest.raises(NotImplementedError, match=r"'range' \(ai.onnx::Range, opset 27\): stash_type=10"):
+        import_onnx(range_float16(stash_type=TensorProto.FLOAT16))
 
 
 def test_shape_arithmetic_div_mul_cast() -> None:
