@@ -41,6 +41,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -128,6 +129,7 @@ class Row:
         }
         self.model, self.x = real_models.build(name, batch, self.size)
         self.fns: dict[str, Any] = {}
+        self._plain: Any = None
 
     def save(self) -> None:
         if self.path is not None:
@@ -199,16 +201,14 @@ class Row:
         self.data["rejected_chains"] = len(fused.fusion_report.rejected)
         return fused
 
-    def build_variants(self) -> None:
+    def plain(self) -> Any:
+        """fuser without CUDA graphs: its own variant, and what torch.compile gets in fuser->torch.compile."""
+        if self._plain is None:
+            self._plain = self.optimized(cuda_graphs=False)
+        return self._plain
+
+    def build_variants(self, labels: list[str]) -> None:
         from fuser.cuda_graphs import GraphReplay
-
-        wanted = self.settings["variants"]
-        fused_plain: list[Any] = []
-
-        def plain() -> Any:  # fuser without graphs: its own variant, and what torch.compile gets
-            if not fused_plain:
-                fused_plain.append(self.optimized(cuda_graphs=False))
-            return fused_plain[0]
 
         steps = {
             "eager": lambda: self.model,
@@ -216,23 +216,26 @@ class Row:
             "torch.compile reduce-overhead": lambda: self.compiled("torch.compile reduce-overhead", self.model),
             # the first optimize() of the row is this one, with the caches empty: optimize_s_cold
             "fuser+cuda_graphs": lambda: self.optimized(cuda_graphs=True),
-            "fuser": plain,
+            "fuser": self.plain,
             "fuser->torch.compile reduce-overhead": lambda: self.compiled(
-                "fuser->torch.compile reduce-overhead", plain()
+                "fuser->torch.compile reduce-overhead", self.plain()
             ),
         }
-        for label in [v for v in steps if v in wanted]:
+        for label in [v for v in steps if v in labels]:
             fn = self.guarded(label, lambda label=label: self.first_calls(label, steps[label]()))
             if fn is not None:
                 self.fns[label] = fn
             print(f"  built {label}", flush=True)
 
     def measure(self, reference: Any) -> None:
+        """Time every variant built so far, interleaved; error and profile for those that have none yet."""
         from benchmarks.measure import profile_forward, time_ms
 
         s = self.settings
         with torch.no_grad():
             for label, fn in list(self.fns.items()):
+                if label in self.data["rel_error"]:
+                    continue
                 error = self.guarded(label, lambda fn=fn: rel_error(fn(self.x), reference))
                 if error is None:
                     del self.fns[label]
@@ -252,6 +255,8 @@ class Row:
             for label, times in runs.items():
                 self.data["ms"][label] = statistics.median(times)
             for label, fn in self.fns.items():
+                if label in self.data["profile"]:
+                    continue
                 prof = self.guarded(label, lambda fn=fn: profile_forward(lambda: fn(self.x), self.device))
                 if prof is not None:
                     self.data["profile"][label] = prof
@@ -271,12 +276,17 @@ def run_row(settings: dict[str, Any], name: str, batch: int, dtype: str, path: P
     row = Row(settings, name, batch, dtype, path)
     reference = row.guarded("float64 reference", row.reference)
     row.prepare()
-    row.build_variants()
-    if reference is not None:
-        row.measure(reference)
-    else:
+    if reference is None:
         row.data["errors"]["measure"] = "no float64 reference: nothing measured"
         row.save()
+        return row.data
+    wanted = settings["variants"]
+    # The torch.compile variants last: a row stopped while compiling keeps the other variants' figures.
+    # Once they are built every variant is timed again, so all final figures come from one interleaved set.
+    for phase in ([v for v in wanted if v not in COMPILED], [v for v in wanted if v in COMPILED]):
+        if phase:
+            row.build_variants(phase)
+            row.measure(reference)
     return row.data
 
 
@@ -298,12 +308,19 @@ def run_child(settings: dict[str, Any], spec: tuple[str, int, str], timeout_s: f
     command = [sys.executable, "-m", "benchmarks.gpu_models", "--child", f"{name}:{batch}:{dtype}"]
     command += ["--child-out", str(out), "--child-settings", json.dumps(settings)]
     error = None
+    # Its own session: on a timeout the whole group goes, Inductor's compile workers included.
+    child = subprocess.Popen(command, env=_cold_env(root), cwd=Path(__file__).parents[1], start_new_session=True)
     try:
-        rc = subprocess.run(command, env=_cold_env(root), timeout=timeout_s, cwd=Path(__file__).parents[1]).returncode
+        rc = child.wait(timeout=timeout_s)
         if rc != 0:
             error = f"row process exited with code {rc} (its traceback is in the log above)"
     except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
         error = f"row process timed out after {timeout_s:.0f} s (--row-timeout-s)"
+    except BaseException:  # interrupted or terminated (main turns SIGTERM into SystemExit): no orphans
+        os.killpg(child.pid, signal.SIGKILL)
+        raise
     row = json.loads(out.read_text()) if out.exists() else {"model": name, "batch": batch, "dtype": dtype}
     if error:
         row.setdefault("errors", {})["row"] = error
@@ -477,6 +494,7 @@ def main() -> None:
         return
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: run with --device cpu (and --quick) to check the script on the CPU")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout` stops the run: its row process too
     if args.tune != "default":
         import fuser
 
