@@ -77,7 +77,7 @@ def _worker(rank: int, cfg: dict[str, Any]) -> None:
     dist.init_process_group(cfg["backend"], rank=rank, world_size=world)
     try:
         dtype = getattr(torch, cfg["dtype"])
-        model = torch.load(cfg["model_path"], weights_only=False).to(device)
+        model = torch.load(cfg["model_path"], weights_only=False, map_location="cpu").to(device)
         on_device = all(t.device == device for t in model.state_dict().values() if isinstance(t, torch.Tensor))
         mine = list(range(rank, cfg["batches"], world))
         inputs = {
