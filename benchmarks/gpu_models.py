@@ -63,6 +63,10 @@ VARIANTS = (
     "fuser->torch.compile reduce-overhead",
 )
 COMPILED = tuple(v for v in VARIANTS if "torch.compile" in v)
+# Short names for the command line (no spaces: they pass through a shell variable) and the table.
+SHORT = dict(
+    zip(VARIANTS, ("eager", "eager+graphs", "compile", "fuser", "fuser+graphs", "fuser->compile"), strict=True)
+)
 
 # (model, batch, dtype) in the order they run: a run cut short by --budget-s keeps the first ones.
 ROWS = [
@@ -377,7 +381,7 @@ def table(result: dict) -> str:
     """Markdown: ms per variant and the ratios the targets name; then kernels, GPU split and errors."""
     if result.get("format") != FORMAT:
         return _table_v1(result)
-    short = ["eager", "eager+graphs", "compile r-o", "fuser", "fuser+graphs", "fuser->compile"]
+    short = list(SHORT.values())
     lines = [
         "| model (source) | B, dtype | chains | "
         + " | ".join(f"{s} ms" for s in short)
@@ -427,13 +431,19 @@ def plot(result: dict, png: Path) -> None:
     rows = [r for r in result["rows"] if r.get("ms", {}).get("eager")]
     if not rows:
         return
-    labels = [v for v in dict.fromkeys(k for r in rows for k in r["ms"]) if v != "eager"]
-    all_labels = ["eager", *labels]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(7.0, 1.8 * len(rows)), 7.5))
+    present = {k for r in rows for k in r["ms"]}
+    all_labels = [v for v in VARIANTS if v in present] + sorted(present - set(VARIANTS))  # format 1's too
+    labels = [v for v in all_labels if v != "eager"]
+    palette = matplotlib.colormaps["tab10"]
+    color = {v: palette(i % 10) for i, v in enumerate([*VARIANTS, *sorted(present - set(VARIANTS))])}
+    profiled = any(r.get("profile") for r in rows)  # format 1 has no profiles: one panel
+    fig, axes = plt.subplots(2 if profiled else 1, 1, figsize=(max(7.0, 1.8 * len(rows)), 9.0 if profiled else 4.8))
+    top = axes[0] if profiled else axes
     width = 0.8 / max(len(labels), 1)
     for i, label in enumerate(labels):
         xs = [j + (i - (len(labels) - 1) / 2) * width for j in range(len(rows))]
-        top.bar(xs, [r["ms"]["eager"] / r["ms"][label] if label in r["ms"] else 0 for r in rows], width, label=label)
+        ys = [r["ms"]["eager"] / r["ms"][label] if label in r["ms"] else 0 for r in rows]
+        top.bar(xs, ys, width, label=label, color=color[label])
     top.axhline(1.0, color="black", linewidth=0.8)
     top.set_yscale("log")
     top.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
@@ -442,18 +452,28 @@ def plot(result: dict, png: Path) -> None:
     top.set_xticks(range(len(rows)), ticks, fontsize=7)
     top.set_ylabel("speedup over eager (x)")
     top.set_title(f"whole models on {result.get('card')} ({result.get('date')})", fontsize=9)
-    top.legend(fontsize=7, ncol=3)
+    top.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.18))
+    if not profiled:
+        _save(fig, png)
+        return
+    bottom = axes[1]
     width = 0.8 / len(all_labels)
     for i, label in enumerate(all_labels):
         xs = [j + (i - (len(all_labels) - 1) / 2) * width for j in range(len(rows))]
         conv = [r.get("profile", {}).get(label, {}).get("conv_ms", 0) for r in rows]
         other = [r.get("profile", {}).get(label, {}).get("other_ms", 0) for r in rows]
-        bars = bottom.bar(xs, conv, width, label=label)
-        bottom.bar(xs, other, width, bottom=conv, color=bars.patches[0].get_facecolor(), alpha=0.4, hatch="//")
+        bottom.bar(xs, conv, width, label=label, color=color[label])
+        bottom.bar(xs, other, width, bottom=conv, color=color[label], alpha=0.4, hatch="//")
     bottom.set_xticks(range(len(rows)), ticks, fontsize=7)
     unit = rows[0].get("profile", {}).get("eager", {}).get("unit", "kernels")
     bottom.set_ylabel(f"ms in one forward ({unit}):\nconv/matmul solid, rest hatched")
-    bottom.legend(fontsize=7, ncol=3)
+    bottom.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.18))
+    _save(fig, png)
+
+
+def _save(fig, png: Path) -> None:
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
@@ -468,7 +488,7 @@ def main() -> None:
     parser.add_argument("--models", help="comma-separated: only these models (names in benchmarks/real_models.py)")
     parser.add_argument("--rows", nargs="+", metavar="MODEL:BATCH:DTYPE", help="these rows instead of ROWS")
     parser.add_argument("--size", type=int, help="input size for every model (default: each model's own)")
-    parser.add_argument("--variants", help=f"comma-separated subset of: {', '.join(VARIANTS)}")
+    parser.add_argument("--variants", help=f"comma-separated subset of: {', '.join(SHORT.values())}")
     parser.add_argument("--calls", type=int, default=50, help="calls per timing")
     parser.add_argument("--repeats", type=int, default=5, help="timings per variant (the median is kept)")
     tune_help = "optimize(tune=...) where fuser has it (else FUSER_AUTOTUNE); default: pass nothing"
@@ -500,10 +520,11 @@ def main() -> None:
 
         if "tune" not in inspect.signature(fuser.optimize).parameters:  # older fuser: the environment switch
             os.environ["FUSER_AUTOTUNE"] = "1" if args.tune == "on" else "0"
-    variants = args.variants.split(",") if args.variants else list(VARIANTS)
+    by_short = {short: v for v, short in SHORT.items()} | {v: v for v in VARIANTS}
+    variants = [by_short.get(v, v) for v in args.variants.split(",")] if args.variants else list(VARIANTS)
     unknown = set(variants) - set(VARIANTS)
     if unknown:
-        raise SystemExit(f"unknown variants {sorted(unknown)}: choose from {list(VARIANTS)}")
+        raise SystemExit(f"unknown variants {sorted(unknown)}: choose from {list(SHORT.values())} or {list(VARIANTS)}")
     rows = [(m, int(b), d) for m, b, d in (r.split(":") for r in args.rows)] if args.rows else list(ROWS)
     if args.models:
         rows = [r for r in rows if r[0] in args.models.split(",")]

@@ -94,8 +94,9 @@ def _worker(rank: int, cfg: dict[str, Any]) -> None:
                 torch.cuda.synchronize(device)
             dist.barrier()
             start = time.perf_counter()
-            for b in mine:
-                outputs[b] = model(inputs[b])
+            for _ in range(cfg["passes"]):
+                for b in mine:
+                    outputs[b] = model(inputs[b])
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             elapsed = time.perf_counter() - start
@@ -132,10 +133,11 @@ def run_data_parallel(
     threads: int | None = None,
     backend: str | None = None,
     keep_outputs: bool = False,
+    passes: int = 1,
 ) -> dict[str, Any]:
-    """Run the saved model over ``batches`` batches split across ``procs`` processes; gathered results.
+    """Run the saved model ``passes`` times over ``batches`` batches split across ``procs`` processes.
 
-    Returns ``images_per_s`` (all images over the slowest rank's time), ``digests`` (batch index ->
+    Returns ``images_per_s`` (all images of all passes over the slowest rank's time), ``digests`` (batch index ->
     SHA-256 of its output), ``on_device`` (every rank's copy wholly on its device), ``backend`` and,
     with ``keep_outputs``, ``outputs`` (batch index -> its output tensors, on the CPU).
     """
@@ -158,6 +160,7 @@ def run_data_parallel(
             "threads": threads,
             "backend": backend,
             "keep_outputs": keep_outputs,
+            "passes": passes,
             "port": _free_port(),
         }
         mp.spawn(_worker, args=(cfg,), nprocs=procs, join=True)
@@ -166,7 +169,7 @@ def run_data_parallel(
     merged: dict[str, Any] = {
         "backend": backend,
         "elapsed_s": slowest,
-        "images_per_s": batches * batch / slowest,
+        "images_per_s": passes * batches * batch / slowest,
         "on_device": all(g["on_device"] for g in gathered),
         "rank_devices": [g["device"] for g in gathered],
         "digests": {b: d for g in gathered for b, d in g["digests"].items()},
@@ -208,9 +211,14 @@ def main() -> None:
     parser.add_argument("--size", type=int, help="input size (default: each model's own)")
     parser.add_argument("--dtype", help="default: float16 on CUDA, float32 on the CPU")
     parser.add_argument("--no-cuda-graphs", action="store_true", help="optimize with cuda_graphs=False")
+    parser.add_argument("--passes", type=int, default=3, help="timed passes over the dataset")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the script, measures nothing")
     args = parser.parse_args()
     os.environ.update(NO_MULTICAST)
+    import fuser
+
+    if "tune" not in inspect.signature(fuser.optimize).parameters:  # older fuser: no measuring in any rank,
+        os.environ["FUSER_AUTOTUNE"] = "0"  # so every process takes the same tile choices
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: run with --device cpu (and --quick) to check the script on the CPU")
     from benchmarks import real_models
@@ -229,7 +237,14 @@ def main() -> None:
         "card": torch.cuda.get_device_name() if args.device == "cuda" else "CPU",
         "gpus_present": torch.cuda.device_count() if args.device == "cuda" else 0,
         "versions": versions(),
-        "settings": {"images": images, "batch": batch, "dtype": dtype, "procs_per_gpu": args.procs_per_gpu},
+        "settings": {
+            "images": images,
+            "batch": batch,
+            "dtype": dtype,
+            "procs_per_gpu": args.procs_per_gpu,
+            "passes": 1 if args.quick else args.passes,
+            "fuser_autotune_env": os.environ.get("FUSER_AUTOTUNE"),
+        },
         "rows": [],
     }
     if args.quick:
@@ -253,7 +268,7 @@ def main() -> None:
                 try:
                     run = run_data_parallel(
                         saved, device=args.device, procs=n, gpus=min(gpus, n), batches=images // batch,
-                        batch=batch, size=size, dtype=dtype, threads=threads,
+                        batch=batch, size=size, dtype=dtype, threads=threads, passes=1 if args.quick else args.passes,
                     )  # fmt: skip
                 except Exception as e:
                     row["error"] = f"{type(e).__name__}: {e}"[:500]
