@@ -13,21 +13,26 @@ batch 32 in float16. Variants, each a model as the user would call it:
 - "eager"; "eager+cuda_graphs" (the eager model recorded once and replayed, fuser.cuda_graphs.GraphReplay)
 - "torch.compile reduce-overhead" (freezing on: cuDNN convs, Inductor's kernels, CUDA graphs)
 - "fuser" and "fuser+cuda_graphs": ``fuser.optimize(model, (x,), cuda_graphs=False / True)``
-- "fuser->torch.compile reduce-overhead": ``torch.compile(fuser.optimize(model, (x,)), mode="reduce-overhead")``
+- "fuser->torch.compile reduce-overhead": ``torch.compile(fuser.optimize(model, (x,), cuda_graphs=False),
+  mode="reduce-overhead")``
+
+optimize() gets explicit arguments (precision, backend "auto", cuda_graphs, and ``tune`` where that
+parameter exists: ``--tune``), so a change of fuser's defaults does not change what is measured.
 
 Per row: ``ms`` (CUDA events over ``--calls`` back-to-back calls, median of ``--repeats``, the variants
 interleaved so drift on the shared host hits all alike), ``rel_error`` (||out - ref|| / ||ref|| against
 a float64 run of the same weights), ``profile`` (torch.profiler of one forward: kernels, conv/matmul GPU
 ms and the rest), ``optimize_s_cold`` (the first optimize() in a process whose Triton, fuser tile and
 Inductor caches are fresh empty folders), ``compile_s`` (the first two calls of each torch.compile
-variant, with the same empty caches), ``errors`` (a variant that failed: its error, the others go on).
+variant, with the same empty caches), ``first_calls_s`` (every variant's first two calls: where a lazy
+optimize() compiles), ``errors`` (a variant that failed: its error, the others go on).
 
 Each row runs in its own child process (fresh caches, so every row's figures are cold; a crash or a
 CUDA error in one model cannot take the run down; ``--row-timeout-s`` bounds it). Rows start in the order
 of ``ROWS`` until ``--budget-s`` is spent; the JSON is written after every row. Costs per row on an H200:
 the two torch.compile variants 15-25 s each, optimize() cold 2-10 s untuned (up to a minute or more
-measuring tile choices), the rest about 10-20 s: about 60-90 s a row, so 5-7 rows in 8 minutes
-(``--variants`` without the torch.compile ones: about 12).
+measuring tile choices), the rest about 10-20 s: about 60-90 s a row, so about 5 rows in 8 minutes
+(``--variants`` without the torch.compile ones: about twice as many).
 """
 
 from __future__ import annotations
@@ -161,15 +166,18 @@ class Row:
         self.x = self.x.to(self.device, dtype).contiguous(memory_format=torch.channels_last)
 
     def first_calls(self, label: str, fn) -> Any:
-        """Two calls (a compiled variant compiles and records here); their time is its compile_s."""
+        """Two calls (a compiled variant compiles and records here, a lazy optimize() compiles its kernels);
+        their time is ``first_calls_s``, and a torch.compile variant's ``compile_s``."""
         start = time.perf_counter()
         with torch.no_grad():
             fn(self.x)
             fn(self.x)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        elapsed = time.perf_counter() - start
+        self.data.setdefault("first_calls_s", {})[label] = elapsed
         if label in COMPILED:
-            self.data["compile_s"][label] = time.perf_counter() - start
+            self.data["compile_s"][label] = elapsed
         return fn
 
     def compiled(self, label: str, module) -> Any:
