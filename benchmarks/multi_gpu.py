@@ -179,14 +179,20 @@ def run_data_parallel(
     return merged
 
 
-def save_optimized(name: str, size: int, dtype: str, path: Path, cuda_graphs: bool) -> dict[str, Any]:
-    """Build ``name`` (benchmarks/real_models.py), optimize it on the CPU, ``torch.save`` it to ``path``."""
+def save_optimized(
+    name: str, size: int, dtype: str, path: Path, cuda_graphs: bool, optimize_on: str = "cpu"
+) -> dict[str, Any]:
+    """Build ``name`` (benchmarks/real_models.py), optimize it on ``optimize_on`` ("cpu", or "cuda": GPU 0,
+    kernels compiled there, as a user who optimizes on one GPU and serves on all would), and
+    ``torch.save`` it to ``path``."""
     import fuser
     from benchmarks import real_models
 
+    device = torch.device("cuda", 0) if optimize_on == "cuda" else torch.device("cpu")
     model, _ = real_models.build(name, 1, size)
-    model = model.to(getattr(torch, dtype)).to(memory_format=torch.channels_last)
-    example = torch.randn(1, 3, size, size).to(getattr(torch, dtype)).contiguous(memory_format=torch.channels_last)
+    model = model.to(device, getattr(torch, dtype)).to(memory_format=torch.channels_last)
+    example = torch.randn(1, 3, size, size).to(device, getattr(torch, dtype))
+    example = example.contiguous(memory_format=torch.channels_last)
     kwargs: dict[str, Any] = {"precision": "tf32" if dtype == "float32" else "fp16", "backend": "auto"}
     kwargs["cuda_graphs"] = cuda_graphs
     if "tune" in inspect.signature(fuser.optimize).parameters:
@@ -195,7 +201,8 @@ def save_optimized(name: str, size: int, dtype: str, path: Path, cuda_graphs: bo
     optimized = fuser.optimize(model, (example,), **kwargs)
     optimize_s = time.perf_counter() - start
     torch.save(optimized, path)
-    return {"fused_chains": len(optimized.fusion_report.fused), "optimize_s": optimize_s, "optimize_kwargs": kwargs}
+    info = {"fused_chains": len(optimized.fusion_report.fused), "optimize_s": optimize_s, "optimize_kwargs": kwargs}
+    return info | {"optimized_on": str(device)}
 
 
 def main() -> None:
@@ -212,6 +219,7 @@ def main() -> None:
     parser.add_argument("--dtype", help="default: float16 on CUDA, float32 on the CPU")
     parser.add_argument("--no-cuda-graphs", action="store_true", help="optimize with cuda_graphs=False")
     parser.add_argument("--passes", type=int, default=3, help="timed passes over the dataset")
+    parser.add_argument("--optimize-on", choices=["cpu", "cuda"], default="cpu", help="where optimize() runs")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the script, measures nothing")
     args = parser.parse_args()
     os.environ.update(NO_MULTICAST)
@@ -256,9 +264,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="multi-gpu-model-") as tmp:
             saved = Path(tmp) / f"{name}.pt"
             try:
-                info = save_optimized(
-                    name, size, dtype, saved, cuda_graphs=args.device == "cuda" and not args.no_cuda_graphs
-                )
+                graphs = args.device == "cuda" and not args.no_cuda_graphs
+                info = save_optimized(name, size, dtype, saved, graphs, args.optimize_on)
             except Exception as e:
                 result["rows"].append({"model": name, "device": args.device, "error": f"{type(e).__name__}: {e}"[:500]})
                 continue  # fmt: skip
