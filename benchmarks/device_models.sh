@@ -5,9 +5,10 @@
 # gpu_models gives each row its own empty caches, for cold optimize/compile times. Results and logs land
 # in $OUT (at most 8 files come back): gpu-models-<date>.json/.png, multi-gpu-<date>.json, models.log,
 # multi.log.
-# STAGES picks stages (default "models multi"); MODELS_BUDGET_S (start no new row after it, default 270),
-# ROW_TIMEOUT_S (150), MODELS_ARGS and MULTI_ARGS pass more options. The stages' limits (440 + 130 s)
-# keep the call inside the device's 600 s; typically it ends in about 8 minutes.
+# STAGES picks stages (default "multi models"); TOTAL_S (default 570) bounds the whole call inside the
+# device's 600 s: the data-parallel stage runs first (MULTI_S, default 150), and the whole-model stage
+# gets what is left, starting no new row once less than ROW_TIMEOUT_S (default 150) would remain.
+# MODELS_ARGS and MULTI_ARGS pass more options. Typically the call ends in about 8-9 minutes.
 set -uo pipefail
 source benchmarks/device_setup.sh
 summary=()
@@ -20,11 +21,13 @@ stage() {
     local rc=${PIPESTATUS[0]}
     summary+=("$name rc=$rc in $((SECONDS - start)) s")
 }
-want() { [[ " ${STAGES:-models multi} " == *" $1 "* ]]; }
-want models && stage models "${MODELS_S:-440}" python3 -m benchmarks.gpu_models --out "$OUT" \
-    --budget-s "${MODELS_BUDGET_S:-270}" --row-timeout-s "${ROW_TIMEOUT_S:-150}" ${MODELS_ARGS:-}
+want() { [[ " ${STAGES:-multi models} " == *" $1 "* ]]; }
 # One GPU lent: two processes share it (exercises the saved model, the device moves and NCCL on one card).
-want multi && stage multi "${MULTI_S:-130}" python3 -m benchmarks.multi_gpu --out "$OUT" \
+want multi && stage multi "${MULTI_S:-150}" python3 -m benchmarks.multi_gpu --out "$OUT" \
     --procs-per-gpu "${PROCS_PER_GPU:-2}" ${MULTI_ARGS:-}
+left=$(( ${TOTAL_S:-570} - SECONDS ))
+budget=$(( left - ${ROW_TIMEOUT_S:-150} - 10 ))
+want models && stage models "$left" python3 -m benchmarks.gpu_models --out "$OUT" \
+    --budget-s "$(( budget > 30 ? budget : 30 ))" --row-timeout-s "${ROW_TIMEOUT_S:-150}" ${MODELS_ARGS:-}
 ls -la "$OUT"
 printf '%s\n' "${summary[@]}"

@@ -400,7 +400,7 @@ def table(result: dict) -> str:
         "| model | B, dtype | " + " | ".join(f"{s} kernels (conv / other GPU ms), error" for s in short) + " |",
         "|" + "---|" * (len(short) + 2),
     ]
-    failures = []
+    failures, compiles = [], []
     for r in result["rows"]:
         ms = r.get("ms", {})
         head = f"{r['model']} ({r.get('source', '?')})"
@@ -419,8 +419,15 @@ def table(result: dict) -> str:
             cells.append(f"{prof}, {_fmt(err, '.1e')}")
         details.append(f"| {r['model']} | {r['batch']}, {r['dtype']} | " + " | ".join(cells) + " |")
         failures += [f"- {r['model']} B{r['batch']} {r['dtype']}, {k}: {e}" for k, e in r.get("errors", {}).items()]
+        for label, d in r.get("dynamo", {}).items():
+            compiles.append(
+                f"- {r['model']} B{r['batch']} {r['dtype']}, {label}: {d['frames_compiled']} frames compiled, "
+                f"{d['unique_graphs']} graphs, {d['graph_breaks']} graph breaks"
+            )
     text = "\n".join(lines) + "\n\nKernels per forward, their GPU time, and error against float64:\n\n"
     text += "\n".join(details)
+    if compiles:
+        text += "\n\nWhat torch.compile compiled (dynamo's counters over the first two calls):\n" + "\n".join(compiles)
     if result.get("left_out"):
         text += "\n\nLeft out (time budget spent): " + ", ".join(result["left_out"])
     if failures:
