@@ -1,11 +1,16 @@
 """CPU benchmark: reference models optimized with the torch backend against eager PyTorch, in one run.
 
     python -m benchmarks.cpu_models                 # writes benchmarks/results/cpu-models-<date>.{json,png}
+    python -m benchmarks.cpu_models --threads 1 --batch 2 --repeats 9
 
 On a CPU the fused ops run their torch reference, so the gain is what folding removes (every BatchNorm,
 and the bias add, which goes into the conv); the claim checked here is "no slower than eager". Eager and
-optimized forwards are interleaved, so load on the machine hits both alike; each figure is a median.
-The time of ``fuser.optimize`` itself is measured too (with example inputs: that includes one forward).
+optimized forwards alternate call by call (eager, fused, eager, fused, ...), so load on a shared machine
+hits both alike; the figures are medians, and the speedup is given two ways: the ratio of the medians
+and the median of the ratios of each adjacent pair (with its quartiles: the spread a reader should
+expect). The thread count is set and stated (default one: a shared 2-core machine gives no steady
+second core). The time of ``fuser.optimize`` itself is measured too (with example inputs: that includes
+one forward).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import datetime
 import json
 import platform
 import statistics
+import subprocess
 import time
 from pathlib import Path
 
@@ -23,7 +29,8 @@ import torch
 import fuser
 from fuser import models
 
-CASES = [("yolov8n", 1, 640), ("yolov8n", 1, 320), ("resnet50", 1, 224), ("efficientnet_b0", 1, 224)]
+ROOT = Path(__file__).resolve().parents[1]
+CASES = [("yolov8n", 640), ("yolov8n", 320), ("resnet50", 224), ("efficientnet_b0", 224)]
 
 
 def cpu_name() -> str:
@@ -36,8 +43,8 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def interleaved_medians(a, b, x: torch.Tensor, repeats: int) -> tuple[float, float]:
-    """Median ms of a(x) and of b(x), timed alternately after one warm-up call of each."""
+def interleaved(a, b, x: torch.Tensor, repeats: int) -> tuple[list[float], list[float]]:
+    """ms of each a(x) and b(x) call, timed alternately after one warm-up call of each."""
     a(x), b(x)
     ta, tb = [], []
     for _ in range(repeats):
@@ -45,13 +52,16 @@ def interleaved_medians(a, b, x: torch.Tensor, repeats: int) -> tuple[float, flo
             start = time.perf_counter()
             fn(x)
             times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(ta), statistics.median(tb)
+    return ta, tb
 
 
-def run(repeats: int) -> dict:
+def run(repeats: int, batch: int, threads: int, only: list[str] | None = None) -> dict:
+    torch.set_num_threads(threads)
     rows = []
-    for name, batch, size in CASES:
-        print(f"[cpu bench] {name} batch {batch} @{size}", flush=True)
+    for name, size in CASES:
+        if only and name not in only:
+            continue
+        print(f"[cpu bench] {name} batch {batch} @{size}, {threads} thread(s)", flush=True)
         model = models.build(name)
         x = models.example_input(name, batch=batch, size=size)
         optimize_s = []
@@ -60,10 +70,13 @@ def run(repeats: int) -> dict:
             optimized = fuser.optimize(model, (x,), backend="torch")
             optimize_s.append(time.perf_counter() - start)
         with torch.no_grad():
-            eager_ms, fused_ms = interleaved_medians(model, optimized, x, repeats)
+            eager_times, fused_times = interleaved(model, optimized, x, repeats)
             reference = models.build(name).double()(x.double())
             out = optimized(x)
         error = ((out.double() - reference).norm() / reference.norm()).item()
+        eager_ms, fused_ms = statistics.median(eager_times), statistics.median(fused_times)
+        pairs = [e / f for e, f in zip(eager_times, fused_times, strict=True)]
+        quartiles = statistics.quantiles(pairs, n=4) if len(pairs) > 1 else [pairs[0]] * 3
         rows.append(
             {
                 "model": name,
@@ -73,13 +86,18 @@ def run(repeats: int) -> dict:
                 "eager_ms": eager_ms,
                 "fused_ms": fused_ms,
                 "speedup": eager_ms / fused_ms,
+                "speedup_pairwise": statistics.median(pairs),
+                "speedup_quartiles": [quartiles[0], quartiles[2]],
+                "eager_times_ms": eager_times,
+                "fused_times_ms": fused_times,
                 "optimize_s_first": optimize_s[0],
                 "optimize_s_median": statistics.median(optimize_s),
                 "rel_error_vs_float64": error,
             }
         )
         print(
-            f"  eager {eager_ms:.1f} ms, fused {fused_ms:.1f} ms ({eager_ms / fused_ms:.2f}x), "
+            f"  eager {eager_ms:.1f} ms, fused {fused_ms:.1f} ms ({eager_ms / fused_ms:.2f}x, pairwise "
+            f"{statistics.median(pairs):.2f}x [{quartiles[0]:.2f}, {quartiles[2]:.2f}]), "
             f"optimize {statistics.median(optimize_s):.2f} s, error {error:.1e}",
             flush=True,
         )
@@ -87,10 +105,20 @@ def run(repeats: int) -> dict:
         "benchmark": "cpu_models",
         "date": datetime.date.today().isoformat(),
         "machine": {"cpu": cpu_name(), "threads": torch.get_num_threads(), "python": platform.python_version()},
-        "versions": {"torch": torch.__version__, "fuser": fuser.__version__},
+        "versions": {"torch": torch.__version__, "fuser": fuser.__version__, "fuser_commit": commit()},
         "repeats": repeats,
+        "method": f"eager and fused called alternately, {repeats} calls each after one warm-up, "
+        f"{torch.get_num_threads()} thread(s), batch {batch}",
         "rows": rows,
     }
+
+
+def commit() -> str | None:
+    try:
+        found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    except OSError:
+        return None
+    return found.stdout.strip() or None
 
 
 def plot(result: dict, path: Path) -> None:
@@ -102,24 +130,39 @@ def plot(result: dict, path: Path) -> None:
     rows = result["rows"]
     labels = [f"{r['model']}\nB{r['batch']} @{r['size']}" for r in rows]
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.bar(labels, [r["speedup"] for r in rows], color="tab:green")
+    ys = [r.get("speedup_pairwise", r["speedup"]) for r in rows]
+    spread = [r.get("speedup_quartiles", [y, y]) for r, y in zip(rows, ys, strict=True)]
+    err = [
+        [y - lo for y, (lo, _) in zip(ys, spread, strict=True)],
+        [hi - y for y, (_, hi) in zip(ys, spread, strict=True)],
+    ]
+    ax.bar(labels, ys, yerr=err, capsize=4, color="tab:green")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_ylabel("speedup over eager (x)")
-    ax.set_title(f"fuser, torch backend on {result['machine']['cpu']} ({result['date']})", fontsize=9)
+    threads = result["machine"].get("threads")
+    ax.set_title(
+        f"fuser, torch backend on {result['machine']['cpu']}, {threads} thread(s) ({result['date']})", fontsize=9
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
 def table(result: dict) -> str:
+    threads = result["machine"].get("threads", "?")
     lines = [
-        "| model | batch, size | fused chains | eager ms | fused ms | speedup | optimize() s | error vs fp64 |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | batch, size | threads | fused chains | eager ms | fused ms | speedup | pairwise speedup "
+        "[quartiles] | optimize() s | error vs fp64 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
+        pairwise = "-"
+        if "speedup_pairwise" in r:
+            lo, hi = r["speedup_quartiles"]
+            pairwise = f"{r['speedup_pairwise']:.2f}x [{lo:.2f}, {hi:.2f}]"
         lines.append(
-            f"| {r['model']} | {r['batch']}, {r['size']} | {r['fused_chains']} | {r['eager_ms']:.1f} | "
-            f"{r['fused_ms']:.1f} | {r['speedup']:.2f}x | {r['optimize_s_median']:.2f} | "
+            f"| {r['model']} | {r['batch']}, {r['size']} | {threads} | {r['fused_chains']} | {r['eager_ms']:.1f} | "
+            f"{r['fused_ms']:.1f} | {r['speedup']:.2f}x | {pairwise} | {r['optimize_s_median']:.2f} | "
             f"{r['rel_error_vs_float64']:.1e} |"
         )
     return "\n".join(lines)
@@ -128,9 +171,12 @@ def table(result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=9, help="calls of each model, alternating")
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    parser.add_argument("--models", help="comma-separated subset of the cases' models")
     args = parser.parse_args()
-    result = run(args.repeats)
+    result = run(args.repeats, args.batch, args.threads, args.models.split(",") if args.models else None)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"cpu-models-{result['date']}"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")

@@ -5,12 +5,9 @@
 # (JSON, the demo's plot) land in $OUT. Print a short summary last. STAGES picks stages (default: all four),
 # the *_S variables their time limits.
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+source benchmarks/device_setup.sh > "$OUT/all.log" 2>&1
 LOG="$OUT/all.log"
-export PYTHONUNBUFFERED=1 FUSER_CACHE_DIR="$PWD/.fuser_autotune"
-python3 -m pip install --no-deps --no-build-isolation -e . -q 2>&1 | tail -2
-python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.version.cuda, torch.cuda.get_device_name())" | tee "$LOG"
+export FUSER_CACHE_DIR="$PWD/.fuser_autotune"
 summary=()
 stage() {
     local name=$1 limit=$2

@@ -1,0 +1,106 @@
+"""The benchmark scripts on the CPU, so a GPU run does not fail on their own code: one whole-model row
+measured in this process, a failing variant recorded while the others go on, the kernel classifier,
+the optimize() arguments for either fuser signature, and which runs the results generator shows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import fuser
+from benchmarks import gpu_models, readme_results
+from benchmarks.measure import is_conv_or_matmul
+
+
+def test_rel_error_covers_every_tensor_of_nested_outputs() -> None:
+    ref = (torch.randn(3, 5, dtype=torch.float64), {"boxes": torch.randn(7, dtype=torch.float64)})
+    out = (ref[0].float(), {"boxes": ref[1]["boxes"].float()})
+    assert gpu_models.rel_error(out, ref) < 1e-7
+    out[1]["boxes"][2] += 1.0  # an error only in the second output must show
+    assert gpu_models.rel_error(out, ref) > 1e-2
+    with pytest.raises(ValueError, match="structure"):
+        gpu_models.rel_error(out[0], ref)
+
+
+@pytest.mark.parametrize(
+    ("name", "conv"),
+    [
+        ("sm90_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x64x32", True),
+        ("_conv2d_act_kernel", True),
+        ("_gemm_act_kernel", True),
+        ("_depthwise_act_kernel", True),
+        ("nvjet_tst_64x8_64x16_4x1_v_bz_TNT", True),
+        ("triton_poi_fused_convolution_silu_0", False),
+        ("triton_red_fused_mean_3", False),
+        ("void at::native::(anonymous namespace)::CatArrayBatchedCopy<float, unsigned int, 4>", False),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::silu_kernel>", False),
+        ("aten::convolution", True),
+        ("aten::max_pool2d", False),
+    ],
+)
+def test_kernel_classifier(name: str, conv: bool) -> None:
+    assert is_conv_or_matmul(name) is conv
+
+
+def test_optimize_kwargs_follow_the_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "tune" not in gpu_models.optimize_kwargs("tf32", True, "default")
+
+    def with_tune(model, example_inputs=None, *, precision="tf32", backend="auto", cuda_graphs=False, tune=False):
+        return model
+
+    monkeypatch.setattr(fuser, "optimize", with_tune)
+    kwargs = gpu_models.optimize_kwargs("fp16", False, "on")
+    assert kwargs == {"precision": "fp16", "backend": "auto", "cuda_graphs": False, "tune": True}
+
+
+def test_one_row_measured_and_a_failing_variant_recorded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    def planted(self, label, module):
+        raise RuntimeError("planted compile failure")
+
+    monkeypatch.setattr(gpu_models.Row, "compiled", planted)
+    settings = {
+        "device": "cpu",
+        "size": 33,
+        "variants": list(gpu_models.VARIANTS),
+        "calls": 1,
+        "repeats": 2,
+        "warmup": 1,
+        "tune": "off",
+        "compile_backend": "eager",
+    }
+    row = gpu_models.run_row(settings, "fuser.resnet26", 1, "float32", tmp_path / "row.json")
+    assert json.loads((tmp_path / "row.json").read_text()) == json.loads(json.dumps(row))
+    measured = {"eager", "eager+cuda_graphs", "fuser", "fuser+cuda_graphs"}
+    assert set(row["ms"]) == measured and all(v > 0 for v in row["ms"].values())
+    assert set(row["errors"]) == set(gpu_models.COMPILED)
+    assert all("planted compile failure" in e for e in row["errors"].values())
+    assert all(row["rel_error"][v] < 1e-4 for v in measured)  # float32 against float64, torch backend
+    assert row["fused_chains"] > 0 and row["optimize_s_cold"] > 0 and row["optimize_s_warm"] > 0
+    assert row["kernels"]["fuser"] < row["kernels"]["eager"]  # BN ops folded away
+    result = {"format": gpu_models.FORMAT, "card": "CPU", "date": "2026-12-01", "rows": [row]}
+    text = gpu_models.table(result)
+    assert "fuser.resnet26 (fuser.models)" in text and "planted compile failure" in text
+    gpu_models.plot(result, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").stat().st_size > 0
+
+
+def test_generator_shows_the_newest_complete_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    runs = {
+        "gpu-models-2026-11-30.json": {"date": "2026-11-30"},
+        "gpu-models-2026-12-01a.json": {"date": "2026-12-01", "superseded": "kept as evidence"},
+        "gpu-models-2026-12-01b.json": {"date": "2026-12-01"},
+        "gpu-models-2026-12-01-followup.json": {"date": "2026-12-01", "partial": "a follow-up"},
+        "gpu-models-2026-12-01c.json": {"date": "2026-12-01", "format": 2, "time": "12:00 UTC"},
+        "gpu-models-2026-12-01-quick.json": {"date": "2026-12-01", "format": 2, "partial": "quick check"},
+    }
+    for name, body in runs.items():
+        (tmp_path / name).write_text(json.dumps(body | {"rows": []}))
+    monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
+    complete, partial, earlier = readme_results.runs("gpu-models-*.json")
+    assert [p.name for p in complete] == ["gpu-models-2026-12-01c.json"]  # the newest format only
+    assert partial == []
+    assert sorted(p.name for p in earlier) == sorted(set(runs) - {"gpu-models-2026-12-01c.json",
+                                                                   "gpu-models-2026-12-01-quick.json"})  # fmt: skip
