@@ -4,6 +4,7 @@
     print(fuser.explain(model, example_inputs=(x,)))      # what would be fused, what not, and why
     fast = fuser.optimize("model.onnx")                   # ONNX in, runnable PyTorch module out
     fuser.export_onnx(fast, (x,), "model.opt.onnx")       # optimized graph out, runs in onnxruntime
+    print(fuser.verify(model, fast, (x,)))                # float64 reference, labels/boxes, first bad layer
 
 The public names are loaded on first use, so ``import fuser.kernels`` (the Triton side) does not pull in
 the graph side.
@@ -23,6 +24,9 @@ _PUBLIC = {
     "FusionReport": "fuser.report",
     "export_onnx": "fuser.onnx.exporter",
     "Precision": "fuser.kernels.precision",
+    "verify": "fuser.verification",
+    "VerifyResult": "fuser.verification",
+    "TOLERANCE": "fuser.verification",
 }
 
 __all__ = sorted(_PUBLIC)

@@ -1,4 +1,4 @@
-"""The ``fuser`` command line: ``fuser explain MODEL`` and ``fuser optimize MODEL -o OUT``.
+"""The ``fuser`` command line: ``fuser explain MODEL``, ``fuser optimize MODEL -o OUT``, ``fuser verify MODEL``.
 
 MODEL is an .onnx file or the name of a bundled reference model (``fuser explain resnet50``).
 """
@@ -107,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", required=True, type=Path, help="out.onnx (standard ONNX) or out.pt (torch.save of the module)"
     )
     optimize.add_argument("--opset", type=int, default=None, help="ONNX opset of the output (default: torch's)")
+    verify = sub.add_parser("verify", help="optimize a model and check it against a float64 run of the original")
+    _common(verify)
+    verify.add_argument("--budget", type=float, default=None, help="relative error allowed (default: by precision)")
+    verify.add_argument("--plot", type=Path, default=None, metavar="PNG", help="draw the error per fused layer")
+    verify.add_argument("--json", action="store_true", help="print the result as JSON")
     sub.add_parser("demo", help="optimize a bundled model and show what it did (same as `make demo`)")
     return parser
 
@@ -120,6 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return demo.main()
     model, inputs = _load(args.model, args.input_shape, args.device)
+    if args.command == "verify":
+        return _verify(model, inputs, args)
     if args.command == "explain":
         report = fuser.explain(model, inputs, precision=args.precision, backend=args.backend)
         print(json.dumps(report.to_dict(), indent=2) if args.json else report)
@@ -135,6 +142,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.save(optimized, args.output)
     print(f"\nwrote {args.output}")
     return 0
+
+
+def _verify(model: Any, inputs: tuple[torch.Tensor, ...], args: argparse.Namespace) -> int:
+    """Exit status 0 when the optimized model is within the budget, 1 when not."""
+    import fuser
+
+    optimized = fuser.optimize(model, inputs, precision=args.precision, backend=args.backend)
+    original = model
+    if not isinstance(model, torch.nn.Module):  # an ONNX file: its graph as imported, before fusion
+        from fuser.onnx.importer import import_onnx
+
+        original = import_onnx(model)
+    result = fuser.verify(original, optimized, inputs, budget=args.budget)
+    print(json.dumps(result.to_dict(), indent=2) if args.json else result)
+    if args.plot is not None:
+        print(f"\nwrote {result.plot(args.plot)}")
+    return 0 if result.ok else 1
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The demo (`make demo`): optimize a bundled model on the best device present and show what happened.
 
-Prints the fusion report, kernel launches before/after, the error against a float64 run of the original,
-and the time per forward before/after (on a GPU also with CUDA graphs on both sides); draws the error of
-every fused layer to out/ as a PNG.
+Prints the fusion report, ``fuser.verify``'s check against a float64 run of the original (output error,
+labels or boxes, every fused layer), kernel launches before/after, and the time per forward before/after
+(on a GPU also with CUDA graphs on both sides); draws the error of every fused layer to out/ as a PNG.
 """
 
 from __future__ import annotations
@@ -18,40 +18,11 @@ import torch
 import fuser
 from fuser import models, path_choice
 from fuser.cuda_graphs import GraphReplay
-from fuser.diagnose import layer_errors
 from fuser.profiling import count_launches, median_ms
 
 
 def _step(text: str) -> None:
     print(f"[fuser demo] {text}", flush=True)
-
-
-def _rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.double().cpu() - ref.double().cpu()).norm() / ref.double().cpu().norm()).item()
-
-
-def _plot(errors: list, tolerance: float, title: str, path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.12 * len(errors)), 3.6))
-    values = [max(e.rel_error, 1e-12) for e in errors]
-    ax.bar(range(len(values)), values, color="tab:blue")
-    ax.axhline(tolerance, color="tab:red", linestyle="--", label=f"tolerance {tolerance:g}")
-    ax.set_yscale("log")
-    ax.set_xlabel("fused layer (execution order)")
-    ax.set_ylabel("relative error vs float64")
-    ax.set_title(title)
-    ax.legend(loc="upper right")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -78,14 +49,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(optimized.fusion_report)
     print()
 
-    _step("checking the error against a float64 run of the original model")
-    with torch.no_grad():
-        reference = models.build(args.model).double()(x.double().cpu())
-        out = optimized(x)
-        baseline = model(x)
-    error = _rel_error(out, reference)
-    baseline_error = _rel_error(baseline, reference)
-    per_layer = layer_errors(optimized, x)
+    _step("fuser.verify: checking against a float64 run of the original model, layer by layer")
+    check = fuser.verify(model, optimized, (x,))
+    print()
+    print(check)
+    print()
 
     _step("counting kernel launches" if device.type == "cuda" else "counting aten ops (CPU: no kernels)")
     with torch.no_grad():
@@ -111,10 +79,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(f"  optimize() took        {optimize_s:8.2f} s")
     print(f"  {unit:<22} {launches_before:8d} -> {launches_after:d}")
-    print(f"  rel. error vs float64  {error:8.1e}  (eager float32: {baseline_error:.1e})")
-    worst = max(per_layer, key=lambda e: e.rel_error, default=None)
+    print(f"  rel. error vs float64  {check.rel_error:8.1e}  (eager float32: {check.baseline_error:.1e})")
+    worst = max(check.layers, key=lambda c: c.rel_error, default=None)
     if worst is not None:
-        print(f"  worst fused layer      {worst.rel_error:8.1e}  ({worst.source}: {worst.epilogue})")
+        print(f"  worst fused layer      {worst.rel_error:8.1e}  ({worst.source}: {worst.ops})")
     print(f"  time per forward       {eager_ms:8.2f} ms eager -> {fused_ms:.2f} ms fused ({eager_ms / fused_ms:.2f}x)")
     if graphs_ms:
         print(
@@ -138,19 +106,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rejected": len(optimized.fusion_report.rejected),
         "optimize_s": optimize_s,
         "launches": [launches_before, launches_after],
-        "rel_error": error,
+        "rel_error": check.rel_error,
+        "verify": check.to_dict(),
         "eager_ms": eager_ms,
         "fused_ms": fused_ms,
         "cuda_graphs_ms": graphs_ms,
-        "layers": [e.__dict__ for e in per_layer],
     }
     (args.out / f"{tag}.json").write_text(json.dumps(summary, indent=2))
-    tolerance = {"ieee": 1e-5, "tf32x3": 1e-5, "tf32": 2e-3}.get(args.precision, 2e-2)
     title = f"{args.model} on {where}: error of each fused layer ({args.precision})"
-    if _plot(per_layer, tolerance, title, args.out / f"{tag}-layer-error.png"):
-        print(f"  per-layer error plot   {args.out / f'{tag}-layer-error.png'}")
+    try:
+        plot = check.plot(args.out / f"{tag}-layer-error.png", title)
+        print(f"  per-layer error plot   {plot}")
+    except ImportError:
+        print("  per-layer error plot   not drawn: matplotlib is not installed (pip install 'fuser[plot]')")
     print(f"  full results           {args.out / f'{tag}.json'}")
-    return 0
+    return 0 if check.ok else 1
 
 
 if __name__ == "__main__":

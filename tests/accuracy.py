@@ -12,15 +12,7 @@ import copy
 import torch
 
 from fuser.models.common import randomize_batchnorm  # noqa: F401  (re-exported for tests)
-
-# Relative error bound against a float64 reference, by precision policy (per layer).
-TOLERANCE: dict[str, float] = {
-    "ieee": 1e-5,
-    "tf32x3": 1e-5,
-    "tf32": 2e-3,
-    "bf16": 2e-2,
-    "fp16": 2e-2,
-}
+from fuser.verification import TOLERANCE
 
 # Odd, unaligned sizes (issue 3's matrix); power-of-two sizes only where a real model has them.
 CHANNELS = [3, 5, 19]
