@@ -25,6 +25,7 @@ from fuser.cuda_graphs import GraphReplay
 from fuser.graph_ops import CONV_ARGS, CONV_DEFAULTS, bind, constant_tensor
 from fuser.kernels.precision import Precision
 from fuser.matcher import find_chains
+from fuser.pool_pyramid import fuse_pool_pyramids
 from fuser.precision import torch_precision
 from fuser.report import ChainReport, FusionReport
 from fuser.rewrite import rewrite_chains
@@ -191,15 +192,17 @@ def _run_pipeline(
     for graph in captured.graphs:
         try:
             canonicalize(graph.gm)
+            rewrites = fuse_pool_pyramids(graph.gm, backend)
             result = find_chains(graph.gm, graph.path)
             entries = [ChainReport.from_chain(c, True, kernel=_kernel_for(c, graph.gm)) for c in result.accepted]
             entries += [ChainReport.from_chain(r.chain, False, reason=r.reason) for r in result.rejected]
-            rewritten = rewrite and rewrite_chains(graph.gm, result.accepted, policy, backend)
+            rewritten = rewrite and (rewrite_chains(graph.gm, result.accepted, policy, backend) or rewrites)
         except Exception as error:  # never fail the user's model over one graph: leave it as it was
             reason = f"fuser failed on its graph ({type(error).__name__}: {error}); left as it is - please report"
             report.untraced.append(UntracedModule(graph.path or "(model)", type(graph.module).__name__, reason))
             continue
         report.entries += entries
+        report.rewrites += rewrites
         if rewritten:
             root = install(captured, graph, graph.gm)
     return root, report

@@ -64,6 +64,16 @@ class ChainReport:
         )
 
 
+@dataclass
+class GraphRewrite:
+    """A fusion outside the conv/GEMM chains (a pool pyramid, say): what it became and which nodes went."""
+
+    kind: str
+    location: str
+    detail: str
+    eliminated: list[str] = field(default_factory=list)
+
+
 def compact_paths(paths: list[str]) -> str:
     """``a.b.{conv,bn,act}`` for paths under one parent; a path that is a parent of the others (the module
     whose forward does the residual add) is named after them: ``a.b.cv2.{conv,bn,act} + add in a.b``."""
@@ -92,6 +102,7 @@ def _compact(paths: list[str]) -> str:
 class FusionReport:
     entries: list[ChainReport] = field(default_factory=list)
     untraced: list[UntracedModule] = field(default_factory=list)
+    rewrites: list[GraphRewrite] = field(default_factory=list)
     precision: str = "tf32"
     backend: str = "auto"
 
@@ -122,6 +133,7 @@ class FusionReport:
             "fused": [entry(e) for e in self.fused],
             "rejected": [entry(e) for e in self.rejected],
             "untraced": [asdict(u) for u in self.untraced],
+            "rewrites": [asdict(r) for r in self.rewrites],
         }
 
     def __str__(self) -> str:
@@ -139,6 +151,9 @@ class FusionReport:
             notes = [f"  #{i}: {note}" for i, e in enumerate(self.fused, 1) for note in e.notes]
             if notes:
                 lines += ["", "Notes:", *notes]
+        if self.rewrites:
+            rows = [[r.kind, r.location, r.detail, ", ".join(r.eliminated)] for r in self.rewrites]
+            lines += ["", "Also fused:", *_table(["kind", "where", "what", "nodes eliminated"], rows)]
         if self.rejected:
             rows = [[str(i), " -> ".join(e.ops), e.location, e.reason or ""] for i, e in enumerate(self.rejected, 1)]
             lines += ["", "Not fused:", *_table(["#", "ops", "modules", "reason"], rows)]
