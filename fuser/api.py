@@ -26,6 +26,7 @@ from fuser.cuda_graphs import GraphReplay
 from fuser.graph_ops import CONV_ARGS, CONV_DEFAULTS, bind, constant_tensor
 from fuser.kernels.precision import Precision
 from fuser.matcher import find_chains
+from fuser.pool_pyramid import fuse_pool_pyramids
 from fuser.precision import torch_precision
 from fuser.report import ChainReport, FusionReport
 from fuser.rewrite import rewrite_chains
@@ -210,10 +211,11 @@ def _run_pipeline(
     for graph in captured.graphs:
         try:
             fired = canonicalize(graph.gm)
+            rewrites = fuse_pool_pyramids(graph.gm, backend)
             result = find_chains(graph.gm, graph.path)
             entries = [ChainReport.from_chain(c, True, kernel=_kernel_for(c, graph.gm)) for c in result.accepted]
             entries += [ChainReport.from_chain(r.chain, False, reason=r.reason) for r in result.rejected]
-            rewritten = rewrite and rewrite_chains(graph.gm, result.accepted, policy, backend)
+            rewritten = rewrite and (rewrite_chains(graph.gm, result.accepted, policy, backend) or rewrites)
         except Exception as error:  # never fail the user's model over one graph: leave it as it was
             if strict():
                 raise
@@ -223,6 +225,7 @@ def _run_pipeline(
             continue
         report.entries += entries
         report.add_rules_fired(fired)
+        report.rewrites += rewrites
         if rewritten:
             root = install(captured, graph, graph.gm)
     return root, report

@@ -65,6 +65,16 @@ class ChainReport:
         )
 
 
+@dataclass
+class GraphRewrite:
+    """A fusion outside the conv/GEMM chains (a pool pyramid, say): what it became and which nodes went."""
+
+    kind: str
+    location: str
+    detail: str
+    eliminated: list[str] = field(default_factory=list)
+
+
 def compact_paths(paths: list[str], has_add: bool = True) -> str:
     """``a.b.{conv,bn,act}`` for paths under one parent; in a chain with a residual add, a path that is a
     parent of the others (the module whose forward does the add) is named after them:
@@ -96,6 +106,7 @@ def _compact(paths: list[str]) -> str:
 class FusionReport:
     entries: list[ChainReport] = field(default_factory=list)
     untraced: list[UntracedModule] = field(default_factory=list)
+    rewrites: list[GraphRewrite] = field(default_factory=list)
     precision: str = "tf32"
     backend: str = "auto"
     # canonicalization rules that fired, summed over the traced graphs: {rule name: count} (fuser.canonicalize)
@@ -133,6 +144,7 @@ class FusionReport:
             "rejected": [entry(e) for e in self.rejected],
             "untraced": [asdict(u) for u in self.untraced],
             "rules_fired": dict(self.rules_fired),
+            "rewrites": [asdict(r) for r in self.rewrites],
         }
 
     def __str__(self) -> str:
@@ -150,6 +162,9 @@ class FusionReport:
             notes = [f"  #{i}: {note}" for i, e in enumerate(self.fused, 1) for note in e.notes]
             if notes:
                 lines += ["", "Notes:", *notes]
+        if self.rewrites:
+            rows = [[r.kind, r.location, r.detail, ", ".join(r.eliminated)] for r in self.rewrites]
+            lines += ["", "Also fused:", *_table(["kind", "where", "what", "nodes eliminated"], rows)]
         if self.rejected:
             rows = [[str(i), " -> ".join(e.ops), e.location, e.reason or ""] for i, e in enumerate(self.rejected, 1)]
             lines += ["", "Not fused:", *_table(["#", "ops", "modules", "reason"], rows)]

@@ -1,0 +1,208 @@
+"""Pool pyramids: ``cat([x, pool(x), pool(pool(x)), ...], dim=1)`` as one kernel (YOLO's SPPF and SPP).
+
+Stride-1 max pools padded by ``k // 2`` (with ``-inf``, as torch pads) compose exactly:
+``pool_a(pool_b(x)) == pool_(a+b-1)(x)``. So each element of such a concatenation is one centred window of
+the same ``x``, and the whole concatenation is what ``fuser.kernels.pool.max_pool_pyramid`` computes in one
+launch: SPPF's three pooling kernels and the copy into the concatenation become one kernel.
+
+:func:`fuse_pool_pyramids` is the graph pass; :class:`FusedPoolPyramid` is the module a match becomes. Its
+reference (CPU, torch.compile, tracers and exporters) is plain ``max_pool2d`` + ``cat``: Inductor fuses those
+itself, and an exported ONNX graph stays standard (MaxPool, Concat).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+
+from fuser import ops
+from fuser.report import GraphRewrite
+
+CAT_TARGETS = {torch.cat, torch.concat, torch.concatenate}
+MAX_POOL_FUNCTIONS = {F.max_pool2d, torch.max_pool2d}
+MAX_SLICES = 4  # the kernel's limit; SPPF and SPP have four slices
+_MAX_PLANS = 8
+
+
+def describe(radii: tuple[int, ...]) -> str:
+    """``cat(x, maxpool5, maxpool9, maxpool13)``: the windows, as the report shows them."""
+    return "cat(" + ", ".join("x" if r == 0 else f"maxpool{2 * r + 1}" for r in radii) + ")"
+
+
+class FusedPoolPyramid(nn.Module):
+    """``cat([max_pool2d(x, 2r+1, 1, r) for r in radii], dim)`` (radius 0: ``x`` itself)."""
+
+    def __init__(self, radii: tuple[int, ...], dim: int, backend: str = "auto", source: str = "") -> None:
+        super().__init__()
+        self.radii = tuple(int(r) for r in radii)
+        self.dim = int(dim)
+        self.backend = ops.check_backend(backend)
+        self.source = source
+        self._plans: dict[tuple[Any, ...], Any] = {}
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """Plain torch: each window grown from the previous one by the difference of radii (exact)."""
+        pooled: dict[int, torch.Tensor] = {0: x}
+        last, current = 0, x
+        for r in sorted(set(self.radii)):
+            if r > last:
+                step = r - last
+                current = F.max_pool2d(current, 2 * step + 1, 1, step)
+                pooled[r], last = current, r
+        return torch.cat([pooled[r] for r in self.radii], self.dim)
+
+    def _kernel_applies(self, x: torch.Tensor) -> bool:
+        if type(x) is not torch.Tensor or x.dim() != 4 or self.dim not in (1, -3):
+            return False
+        if torch.compiler.is_compiling() or torch.jit.is_tracing() or ops.is_decomposed():
+            return False
+        if torch.is_grad_enabled() and x.requires_grad:
+            return False
+        if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            return False
+        return ops.resolve_backend(self.backend, x.device) in ("triton", "measured", "interpret")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self._kernel_applies(x):
+            return self.reference(x)
+        key = (x.shape, x.stride(), x.dtype, x.device)
+        plans = self.__dict__["_plans"]
+        plan = plans.get(key)
+        if plan is None:
+            from fuser.kernels.pool import max_pool_pyramid_plan
+
+            plan = max_pool_pyramid_plan(x, self.radii, interpret=x.device.type == "cpu")
+            if len(plans) >= _MAX_PLANS:
+                plans.clear()
+            plans[key] = plan
+        return plan(x)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_plans"] = {}  # launch plans are per process and device: rebuilt on first use
+        return state
+
+    def extra_repr(self) -> str:
+        return f"radii={self.radii}, dim={self.dim}, backend={self.backend}"
+
+
+def _same_padded_pool_radius(node: fx.Node, modules: dict[str, nn.Module]) -> int | None:
+    """``(k - 1) / 2`` when ``node`` is a stride-1 max pool padded by ``k // 2`` with an odd square ``k``."""
+    if node.op == "call_module" and isinstance(modules.get(str(node.target)), nn.MaxPool2d):
+        m = modules[str(node.target)]
+        if len(node.args) != 1 or node.kwargs:
+            return None
+        k, stride, padding, dilation = m.kernel_size, m.stride, m.padding, m.dilation
+        ceil_mode, return_indices = m.ceil_mode, m.return_indices
+    elif node.op == "call_function" and node.target in MAX_POOL_FUNCTIONS:
+        names = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
+        if len(node.args) > len(names):
+            return None
+        values = dict(zip(names, node.args, strict=False))
+        values.update(node.kwargs)
+        k = values.get("kernel_size")
+        stride = values.get("stride") or k  # F.max_pool2d's stride defaults to the kernel size
+        padding, dilation = values.get("padding", 0), values.get("dilation", 1)
+        ceil_mode, return_indices = values.get("ceil_mode", False), values.get("return_indices", False)
+    else:
+        return None
+    k, stride, padding, dilation = (_square(v) for v in (k, stride, padding, dilation))
+    if None in (k, stride, padding, dilation) or ceil_mode or return_indices:
+        return None
+    if k % 2 == 0 or stride != 1 or dilation != 1 or padding != k // 2:
+        return None
+    return k // 2
+
+
+def _square(value: Any) -> int | None:
+    """An int for ``v`` or ``(v, v)``; None for anything else (a node, an uneven pair)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, (tuple, list)) and len(value) in (1, 2) and all(type(v) is int for v in value):
+        return value[0] if len(set(value)) == 1 else None
+    return None
+
+
+def _window_of(node: Any, modules: dict[str, nn.Module]) -> tuple[fx.Node, int, list[fx.Node]] | None:
+    """(base, radius, pool nodes) of ``node`` = a chain of same-padded stride-1 max pools of ``base``."""
+    if not isinstance(node, fx.Node):
+        return None
+    radius, pools = 0, []
+    while True:
+        r = _same_padded_pool_radius(node, modules)
+        if r is None:
+            return node, radius, pools
+        radius += r
+        pools.append(node)
+        node = node.args[0]
+        if not isinstance(node, fx.Node):
+            return None
+
+
+def _cat_parts(node: fx.Node) -> tuple[list[Any], int] | None:
+    if node.op != "call_function" or node.target not in CAT_TARGETS:
+        return None
+    tensors = node.args[0] if node.args else node.kwargs.get("tensors")
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    if not isinstance(tensors, (list, tuple)) or not isinstance(dim, int):
+        return None
+    return list(tensors), dim
+
+
+def _rank(node: fx.Node) -> int | None:
+    meta = node.meta.get("tensor_meta")
+    return len(meta.shape) if meta is not None and hasattr(meta, "shape") else None
+
+
+def fuse_pool_pyramids(gm: fx.GraphModule, backend: str = "auto") -> list[GraphRewrite]:
+    """Rewrite every pool-pyramid concatenation of ``gm`` into one :class:`FusedPoolPyramid` call.
+
+    A concatenation qualifies when it joins (along the channel dimension of a 4-D tensor) between 2 and
+    ``MAX_SLICES`` tensors that are each ``x`` or a chain of stride-1, ``k // 2``-padded max pools of the
+    same ``x``, at least one of them pooled. Pools that nothing else reads afterwards are erased. Returns
+    what was rewritten (empty: ``gm`` is unchanged)."""
+    modules = dict(gm.named_modules())
+    found: list[GraphRewrite] = []
+    for node in list(gm.graph.nodes):
+        parts = _cat_parts(node)
+        if parts is None:
+            continue
+        tensors, dim = parts
+        windows = [_window_of(t, modules) for t in tensors]
+        if not 2 <= len(windows) <= MAX_SLICES or any(w is None for w in windows):
+            continue
+        bases = {w[0] for w in windows}
+        radii = tuple(w[1] for w in windows)
+        if len(bases) != 1 or max(radii) == 0:
+            continue
+        base = bases.pop()
+        rank = _rank(base)
+        if rank not in (None, 4) or dim not in (1, -3) or (dim == -3 and rank is None):
+            continue
+        pools = list(dict.fromkeys(p for w in windows for p in w[2]))
+        source = str(node.meta.get("source_module", node.name))
+        name, i = "fused_pool_pyramid", 1
+        while hasattr(gm, name):
+            name, i = f"fused_pool_pyramid_{i}", i + 1
+        gm.add_submodule(name, FusedPoolPyramid(radii, dim, backend, source))
+        with gm.graph.inserting_before(node):
+            fused = gm.graph.call_module(name, (base,))
+        fused.meta = dict(node.meta)
+        node.replace_all_uses_with(fused)
+        gm.graph.erase_node(node)
+        eliminated = [node.name]
+        order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        for pool in sorted(pools, key=order.__getitem__, reverse=True):  # consumers before producers
+            if not pool.users:
+                eliminated.append(pool.name)
+                gm.graph.erase_node(pool)
+        found.append(GraphRewrite("pool_pyramid", source, describe(radii), eliminated))
+    if found:
+        gm.delete_all_unused_submodules()
+        gm.graph.lint()
+        gm.recompile()
+    return found
