@@ -5,7 +5,7 @@ After canonicalization (fuser.canonicalize) every fusable thing has one form:
     conv2d      torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups)
     batch_norm  torch.nn.functional.batch_norm(x, mean, var, weight, bias, training, momentum, eps)
     linear      torch.nn.functional.linear(x, weight, bias)
-    act         one call of ACTIVATION_TARGETS, e.g. torch.nn.functional.silu(x)
+    act         the canonical call of a row of fuser.activations, e.g. torch.nn.functional.silu(x)
     add         x + y (operator.add, torch.add without alpha, Tensor.add)
     scale       x * c or x / c with c a Python number
 
