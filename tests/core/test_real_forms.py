@@ -244,13 +244,12 @@ class BatchNormAct2d(nn.BatchNorm2d):
 
 
 class TimmConvNormAct(nn.Module):
-    """timm.layers.conv_bn_act.ConvNormAct: conv, then BatchNormAct2d; a residual as in timm's ResNet-D stages."""
+    """timm.layers.conv_bn_act.ConvNormAct (conv, then BatchNormAct2d), with a residual and a shape assert."""
 
     def __init__(self, c_in: int, c_out: int, act_layer=nn.SiLU) -> None:
         super().__init__()
         self.conv = nn.Conv2d(c_in, c_out, 3, padding=1, bias=False)
         self.bn = BatchNormAct2d(c_out, act_layer=act_layer)
-        self.shape_seen = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.bn(self.conv(x))
