@@ -12,6 +12,11 @@ graph with its memory. A graph is valid only for the tensors it was recorded wit
 recorded on: the signature holds the device, and moving or casting the model (``.to()``, ``.half()``, ...)
 drops every graph, which are recorded again on the next call.
 
+Forward hooks and pre-hooks are Python, which a replay does not run: a model with hooks on any of its
+modules runs plainly. The hooks are looked for when the model was built, moved or recorded, and whenever a
+hook is added to or removed from a fused module (as fuser's own diagnostics do); a hook added afterwards to
+another submodule of an already recorded model is not seen (``cuda_graphs=False`` then).
+
 A forward that cannot be recorded (a host sync, a copy from pageable CPU memory, ...) is not an error: the
 model runs with plain launches from then on, after one warning that names the reason. An exception the
 forward itself raises is the caller's, as it would be without graphs.
@@ -29,6 +34,7 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _module
 from torch.utils._pytree import tree_map
 
 MAX_GRAPHS = 4  # distinct input signatures kept; each graph holds its own memory pool
@@ -38,9 +44,15 @@ _generation = 0
 
 def invalidate() -> None:
     """Every graph recorded so far is stale: called when a fused module's tensors are replaced (moved,
-    cast, repacked), since a graph replays the addresses it recorded."""
+    cast, repacked), since a graph replays the addresses it recorded, and when its hooks change."""
     global _generation
     _generation += 1
+
+
+def _has_hooks(module: nn.Module) -> bool:
+    if _module._global_forward_hooks or _module._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
 
 
 class Graph(Protocol):
@@ -122,9 +134,15 @@ class GraphReplay:
         self.capture = CudaCapture() if capture is None else capture
         self.failure: str | None = None
         self._recorded: OrderedDict[tuple, _Recorded] = OrderedDict()
+        self._hooked: tuple[int, bool] | None = None  # (generation, whether the module had hooks then)
 
     def __call__(self, *inputs: Any) -> Any:
         if self.failure is not None or torch.is_grad_enabled() or not self.capture.accepts(inputs):
+            return self.module(*inputs)
+        hooked = self._hooked
+        if hooked is None or hooked[0] != _generation:
+            hooked = self._hooked = (_generation, _has_hooks(self.module))
+        if hooked[1]:
             return self.module(*inputs)
         key = _signature(inputs)
         recorded = self._recorded.get(key)
@@ -166,8 +184,10 @@ class GraphReplay:
     def clear(self) -> None:
         """Forget every recorded graph (they are recorded again on the next calls)."""
         self._recorded.clear()
+        self._hooked = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_recorded"] = OrderedDict()
+        state["_hooked"] = None
         return state

@@ -212,3 +212,35 @@ def test_replayed_graph_matches_and_outputs_are_not_overwritten():
         assert len(opt.replay._recorded) == 2
     # with autograd on, the module runs normally (a replay records no history)
     assert torch.equal(opt(x1).detach(), y1)
+
+
+def test_hooks_run_on_every_call_while_they_are_registered():
+    model = seeded(Untraceable())
+    x = torch.randn(1, 3, 21, 19)
+    opt, stub = optimized_with_stub(model, x, backend="torch")
+    fused = next(m for m in opt.modules() if isinstance(m, fuser.fused_modules.FusedConv2d))
+    seen = []
+    with torch.no_grad():
+        opt(x)
+        opt(x)
+        assert len(stub.replays) == 2
+        handle = fused.register_forward_hook(lambda module, args, out: seen.append(out))
+        opt(x)
+        opt(x)
+        assert len(seen) == 2 and len(stub.replays) == 2  # the hook ran both times: no replay
+        handle.remove()
+        opt(x)
+        assert len(seen) == 2 and len(stub.replays) == 3
+
+
+def test_a_model_with_hooks_before_its_first_call_is_not_recorded():
+    model = seeded(Untraceable())
+    x = torch.randn(1, 3, 21, 19)
+    opt = fuser.optimize(model, (x,), backend="torch")
+    stub = opt.replay.capture = StubCapture()
+    calls = []
+    opt.module.stem.register_forward_pre_hook(lambda module, args: calls.append(1))  # not a fused module
+    with torch.no_grad():
+        opt(x)
+        opt(x)
+    assert calls == [1, 1] and not stub.records
