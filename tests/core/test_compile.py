@@ -50,6 +50,7 @@ def fused_count(module: nn.Module) -> int:
     return sum(isinstance(m, (FusedConv2d, FusedLinear)) for m in module.modules())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "backend"),
     [(name, "torch") for name in MODELS] + [(name, "interpret") for name in INTERPRETED],
@@ -112,6 +113,7 @@ class ConvThenElementwise(nn.Module):
         return self.b(y).sigmoid() * 2.0 - 1.0
 
 
+@pytest.mark.slow
 def test_inductor_keeps_the_fused_ops_opaque_and_generates_the_rest():
     from torch._inductor.utils import run_and_get_code
 
