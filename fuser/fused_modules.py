@@ -187,6 +187,10 @@ class _FusedBase(nn.Module):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state.pop("_packed", None)  # saved by an earlier fuser: derived data, rebuilt below
+        if "stride" in state:  # an earlier fuser kept the conv geometry as four attributes
+            names = ("stride", "padding", "dilation", "groups")
+            state["geometry"] = ConvGeometry(*(state.pop(name) for name in names))
         super().__setstate__(state)
         self._buffers.setdefault("packed", None)
         self._non_persistent_buffers_set.add("packed")
