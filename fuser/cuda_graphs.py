@@ -8,7 +8,9 @@ never overwrites a result the caller still holds).
 
 It replays only CUDA inputs under ``torch.no_grad()`` / ``torch.inference_mode()`` (a replayed graph records
 no autograd history); everything else calls the module. At most :data:`MAX_GRAPHS` signatures are kept, each
-graph with its memory. A graph is valid only for the tensors it was recorded with and on the device it was
+graph with its memory, the least recently used dropped first; once as many have been dropped, a model whose
+input shapes keep changing replays the kept ones and runs new ones plainly (recording each would cost more
+than it saves). A graph is valid only for the tensors it was recorded with and on the device it was
 recorded on: the signature holds the device, and moving or casting the model (``.to()``, ``.half()``, ...)
 drops every graph, which are recorded again on the next call.
 
@@ -135,6 +137,7 @@ class GraphReplay:
         self.failure: str | None = None
         self._recorded: OrderedDict[tuple, _Recorded] = OrderedDict()
         self._hooked: tuple[int, bool] | None = None  # (generation, whether the module had hooks then)
+        self._evictions = 0
 
     def __call__(self, *inputs: Any) -> Any:
         if self.failure is not None or torch.is_grad_enabled() or not self.capture.accepts(inputs):
@@ -150,9 +153,13 @@ class GraphReplay:
             self.clear()
             recorded = None
         if recorded is None:
+            if len(self._recorded) >= MAX_GRAPHS and self._evictions >= MAX_GRAPHS:
+                return self.module(*inputs)  # the shapes keep changing: a recording would cost more than it saves
             recorded = self._record(key, inputs)
             if recorded is None:
                 return self.module(*inputs)
+        else:
+            self._recorded.move_to_end(key)
         return recorded.replay(inputs)
 
     def _record(self, key: tuple, inputs: tuple[torch.Tensor, ...]) -> _Recorded | None:
@@ -178,6 +185,7 @@ class GraphReplay:
             return None
         while len(self._recorded) >= MAX_GRAPHS:
             self._recorded.popitem(last=False)
+            self._evictions += 1
         recorded = self._recorded[key] = _Recorded(static, graph, outputs)
         return recorded
 
@@ -185,6 +193,7 @@ class GraphReplay:
         """Forget every recorded graph (they are recorded again on the next calls)."""
         self._recorded.clear()
         self._hooked = None
+        self._evictions = 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -90,6 +90,21 @@ def test_one_recording_per_signature_and_at_most_max_graphs():
     assert stub.warmups == len(shapes)
 
 
+def test_shapes_that_keep_changing_stop_being_recorded():
+    stub = StubCapture()
+    replay = GraphReplay(Doubler(), capture=stub, warmup=0)
+    kept = [(1, 3 + i) for i in range(MAX_GRAPHS)]
+    with torch.no_grad():
+        for shape in [(2, 3 + i) for i in range(MAX_GRAPHS)] + kept + [(3, 3 + i) for i in range(MAX_GRAPHS)]:
+            x = torch.randn(shape)
+            assert torch.equal(replay(x)[0], x * 2.0)
+        assert len(stub.records) == 2 * MAX_GRAPHS  # the third round ran plainly
+        replays = len(stub.replays)
+        for shape in kept:  # the most recent recordings still replay
+            replay(torch.randn(shape))
+    assert len(stub.replays) == replays + MAX_GRAPHS
+
+
 def test_grad_mode_and_unaccepted_inputs_run_the_module():
     stub = StubCapture(devices=("meta",))
     replay = GraphReplay(Doubler(), capture=stub)
