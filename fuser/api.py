@@ -8,6 +8,7 @@ changed; ``explain`` stops after matching and returns the report of what ``optim
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import warnings
@@ -55,7 +56,7 @@ class OptimizedModule(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():  # the compiler traces the model itself, and records its own graphs
             return self.module(*args, **kwargs)
-        with torch_precision(self.precision):
+        with torch_precision(self.precision), _on_device_of(args):
             if self.replay is not None and not kwargs:
                 return self.replay(*args)
             return self.module(*args, **kwargs)
@@ -67,6 +68,19 @@ class OptimizedModule(nn.Module):
 
     def extra_repr(self) -> str:
         return f"fused={len(self.fusion_report.fused)}, precision={self.precision.value}, backend={self.backend}"
+
+
+def _on_device_of(args: tuple[Any, ...]) -> contextlib.AbstractContextManager:
+    """The first CUDA input's device made current for the forward: Triton launches on the current device,
+    and a model moved to ``cuda:1`` must run there when ``cuda:0`` is current."""
+    for t in args:
+        if isinstance(t, torch.Tensor) and t.is_cuda:
+            return (
+                contextlib.nullcontext()
+                if t.device.index == torch.cuda.current_device()
+                else torch.cuda.device(t.device)
+            )
+    return contextlib.nullcontext()
 
 
 def optimize(

@@ -8,9 +8,16 @@ never overwrites a result the caller still holds).
 
 It replays only CUDA inputs under ``torch.no_grad()`` / ``torch.inference_mode()`` (a replayed graph records
 no autograd history); everything else calls the module. At most :data:`MAX_GRAPHS` signatures are kept, each
-graph with its memory. A graph is valid only for the tensors it was recorded with and on the device it was
+graph with its memory, the least recently used dropped first; once as many have been dropped, a model whose
+input shapes keep changing replays the kept ones and runs new ones plainly (recording each would cost more
+than it saves). A graph is valid only for the tensors it was recorded with and on the device it was
 recorded on: the signature holds the device, and moving or casting the model (``.to()``, ``.half()``, ...)
 drops every graph, which are recorded again on the next call.
+
+Forward hooks and pre-hooks are Python, which a replay does not run: a model with hooks on any of its
+modules runs plainly. The hooks are looked for when the model was built, moved or recorded, and whenever a
+hook is added to or removed from a fused module (as fuser's own diagnostics do); a hook added afterwards to
+another submodule of an already recorded model is not seen (``cuda_graphs=False`` then).
 
 A forward that cannot be recorded (a host sync, a copy from pageable CPU memory, ...) is not an error: the
 model runs with plain launches from then on, after one warning that names the reason. An exception the
@@ -29,6 +36,7 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _module
 from torch.utils._pytree import tree_map
 
 MAX_GRAPHS = 4  # distinct input signatures kept; each graph holds its own memory pool
@@ -38,9 +46,15 @@ _generation = 0
 
 def invalidate() -> None:
     """Every graph recorded so far is stale: called when a fused module's tensors are replaced (moved,
-    cast, repacked), since a graph replays the addresses it recorded."""
+    cast, repacked), since a graph replays the addresses it recorded, and when its hooks change."""
     global _generation
     _generation += 1
+
+
+def _has_hooks(module: nn.Module) -> bool:
+    if _module._global_forward_hooks or _module._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
 
 
 class Graph(Protocol):
@@ -122,9 +136,16 @@ class GraphReplay:
         self.capture = CudaCapture() if capture is None else capture
         self.failure: str | None = None
         self._recorded: OrderedDict[tuple, _Recorded] = OrderedDict()
+        self._hooked: tuple[int, bool] | None = None  # (generation, whether the module had hooks then)
+        self._evictions = 0
 
     def __call__(self, *inputs: Any) -> Any:
         if self.failure is not None or torch.is_grad_enabled() or not self.capture.accepts(inputs):
+            return self.module(*inputs)
+        hooked = self._hooked
+        if hooked is None or hooked[0] != _generation:
+            hooked = self._hooked = (_generation, _has_hooks(self.module))
+        if hooked[1]:
             return self.module(*inputs)
         key = _signature(inputs)
         recorded = self._recorded.get(key)
@@ -132,9 +153,13 @@ class GraphReplay:
             self.clear()
             recorded = None
         if recorded is None:
+            if len(self._recorded) >= MAX_GRAPHS and self._evictions >= MAX_GRAPHS:
+                return self.module(*inputs)  # the shapes keep changing: a recording would cost more than it saves
             recorded = self._record(key, inputs)
             if recorded is None:
                 return self.module(*inputs)
+        else:
+            self._recorded.move_to_end(key)
         return recorded.replay(inputs)
 
     def _record(self, key: tuple, inputs: tuple[torch.Tensor, ...]) -> _Recorded | None:
@@ -160,14 +185,18 @@ class GraphReplay:
             return None
         while len(self._recorded) >= MAX_GRAPHS:
             self._recorded.popitem(last=False)
+            self._evictions += 1
         recorded = self._recorded[key] = _Recorded(static, graph, outputs)
         return recorded
 
     def clear(self) -> None:
         """Forget every recorded graph (they are recorded again on the next calls)."""
         self._recorded.clear()
+        self._hooked = None
+        self._evictions = 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_recorded"] = OrderedDict()
+        state["_hooked"] = None
         return state

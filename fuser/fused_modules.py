@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from fuser import calls, cuda_graphs, kernel_dispatch, ops
 from fuser.backends import KERNEL_DTYPES, check_backend, is_decomposed, uses_kernels
@@ -35,6 +36,25 @@ from fuser.kernels.precision import Precision
 from fuser.references import conv2d_reference, gemm_reference
 
 _MAX_CALLS = 16  # input signatures whose calls a fused module keeps
+
+
+class _Renewing:
+    """A hook's handle that tells recorded CUDA graphs when the hook comes and goes (a replay runs no hooks,
+    so a model with hooks runs plainly: fuser.cuda_graphs)."""
+
+    def __init__(self, handle: RemovableHandle) -> None:
+        self.handle = handle
+        cuda_graphs.invalidate()
+
+    def remove(self) -> None:
+        self.handle.remove()
+        cuda_graphs.invalidate()
+
+    def __enter__(self) -> _Renewing:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
 
 
 class _FusedBase(nn.Module):
@@ -110,6 +130,12 @@ class _FusedBase(nn.Module):
         self._renew()
         return module
 
+    def register_forward_hook(self, *args: Any, **kwargs: Any) -> _Renewing:
+        return _Renewing(super().register_forward_hook(*args, **kwargs))
+
+    def register_forward_pre_hook(self, *args: Any, **kwargs: Any) -> _Renewing:
+        return _Renewing(super().register_forward_pre_hook(*args, **kwargs))
+
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
         super()._load_from_state_dict(*args, **kwargs)
         self._renew()
@@ -161,6 +187,10 @@ class _FusedBase(nn.Module):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state.pop("_packed", None)  # saved by an earlier fuser: derived data, rebuilt below
+        if "stride" in state:  # an earlier fuser kept the conv geometry as four attributes
+            names = ("stride", "padding", "dilation", "groups")
+            state["geometry"] = ConvGeometry(*(state.pop(name) for name in names))
         super().__setstate__(state)
         self._buffers.setdefault("packed", None)
         self._non_persistent_buffers_set.add("packed")

@@ -50,54 +50,29 @@ __all__ = [
 # The spec objects <-> the schema's flat arguments
 
 
-def conv2d_op_args(geometry: ConvGeometry, epilogue: Epilogue, precision: Precision, backend: str) -> tuple:
-    """The non-tensor arguments of ``fuser::conv2d_act``, in its schema's order."""
-    return (
-        geometry.stride,
-        geometry.padding,
-        geometry.dilation,
-        geometry.groups,
-        int(epilogue.act),
-        float(epilogue.alpha),
-        int(epilogue.residual),
-        float(epilogue.scale),
-        precision.value,
-        backend,
-    )
-
-
-def _conv2d_spec(
-    stride: Sequence[int],
-    padding: Sequence[int],
-    dilation: Sequence[int],
-    groups: int,
-    act: int,
-    alpha: float,
-    residual_mode: int,
-    scale: float,
-    precision: str,
-    backend: str,
-) -> tuple[ConvGeometry, Epilogue, Precision, str]:
-    geometry = ConvGeometry(tuple(stride), tuple(padding), tuple(dilation), groups)  # type: ignore[arg-type]
-    return geometry, Epilogue(Activation(act), alpha, Residual(residual_mode), scale), Precision(precision), backend
-
-
 def gemm_op_args(epilogue: Epilogue, precision: Precision, backend: str) -> tuple:
-    """The non-tensor arguments of ``fuser::gemm_act``, in its schema's order."""
-    return (
-        int(epilogue.act),
-        float(epilogue.alpha),
-        int(epilogue.residual),
-        float(epilogue.scale),
-        precision.value,
-        backend,
-    )
+    """The non-tensor arguments of ``fuser::gemm_act``, in its schema's order (the tail of conv2d_act's)."""
+    e = epilogue
+    return int(e.act), float(e.alpha), int(e.residual), float(e.scale), precision.value, backend
 
 
 def _gemm_spec(
     act: int, alpha: float, residual_mode: int, scale: float, precision: str, backend: str
 ) -> tuple[Epilogue, Precision, str]:
     return Epilogue(Activation(act), alpha, Residual(residual_mode), scale), Precision(precision), backend
+
+
+def conv2d_op_args(geometry: ConvGeometry, epilogue: Epilogue, precision: Precision, backend: str) -> tuple:
+    """The non-tensor arguments of ``fuser::conv2d_act``, in its schema's order."""
+    g = geometry
+    return (g.stride, g.padding, g.dilation, g.groups, *gemm_op_args(epilogue, precision, backend))
+
+
+def _conv2d_spec(
+    stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], groups: int, *epilogue_args: Any
+) -> tuple[ConvGeometry, Epilogue, Precision, str]:
+    geometry = ConvGeometry(tuple(stride), tuple(padding), tuple(dilation), groups)  # type: ignore[arg-type]
+    return (geometry, *_gemm_spec(*epilogue_args))
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -50,6 +50,7 @@ def fused_count(module: nn.Module) -> int:
     return sum(isinstance(m, (FusedConv2d, FusedLinear)) for m in module.modules())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "backend"),
     [(name, "torch") for name in MODELS] + [(name, "interpret") for name in INTERPRETED],
@@ -99,26 +100,30 @@ def test_explain_finds_one_graph_and_no_break():
 
 
 class ConvThenElementwise(nn.Module):
-    """Two fused chains with unfused elementwise work between and after them, for Inductor to fuse."""
+    """Fused chains (two convs, a linear over the last dim) with unfused elementwise work between and after
+    them, for Inductor to generate."""
 
     def __init__(self) -> None:
         super().__init__()
         self.a = ConvBnActAdd(5)
         self.b = ConvBnActAdd(5)
+        self.fc = nn.Linear(9, 13)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.a(x)
         y = torch.tanh(y * 0.5 + 0.25)
-        return self.b(y).sigmoid() * 2.0 - 1.0
+        y = self.b(y).sigmoid() * 2.0 - 1.0
+        return torch.relu(self.fc(y)) + y.mean(dim=-1, keepdim=True)
 
 
+@pytest.mark.slow
 def test_inductor_keeps_the_fused_ops_opaque_and_generates_the_rest():
     from torch._inductor.utils import run_and_get_code
 
     model = seeded(ConvThenElementwise())
     x = torch.randn(2, 5, 11, 9)
     opt = fuser.optimize(model, (x,), backend="interpret")
-    assert fused_count(opt) == 2
+    assert fused_count(opt) == 3
     torch._dynamo.reset()
     counters.clear()
     counter = CompileCounterWithBackend("inductor")
@@ -129,6 +134,7 @@ def test_inductor_keeps_the_fused_ops_opaque_and_generates_the_rest():
     assert counter.frame_count == 1 and not counters["graph_break"]
     code = "\n".join(codes)
     assert code.count("torch.ops.fuser.conv2d_act.default(") == 2, code
+    assert code.count("torch.ops.fuser.gemm_act.default(") == 1, code
     assert "cpp_fused" in code, code  # the elementwise remainder became generated kernels
     ref = reference64(model, x)
     assert_close(out, ref, "tf32")

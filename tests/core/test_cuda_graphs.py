@@ -90,6 +90,21 @@ def test_one_recording_per_signature_and_at_most_max_graphs():
     assert stub.warmups == len(shapes)
 
 
+def test_shapes_that_keep_changing_stop_being_recorded():
+    stub = StubCapture()
+    replay = GraphReplay(Doubler(), capture=stub, warmup=0)
+    kept = [(1, 3 + i) for i in range(MAX_GRAPHS)]
+    with torch.no_grad():
+        for shape in [(2, 3 + i) for i in range(MAX_GRAPHS)] + kept + [(3, 3 + i) for i in range(MAX_GRAPHS)]:
+            x = torch.randn(shape)
+            assert torch.equal(replay(x)[0], x * 2.0)
+        assert len(stub.records) == 2 * MAX_GRAPHS  # the third round ran plainly
+        replays = len(stub.replays)
+        for shape in kept:  # the most recent recordings still replay
+            replay(torch.randn(shape))
+    assert len(stub.replays) == replays + MAX_GRAPHS
+
+
 def test_grad_mode_and_unaccepted_inputs_run_the_module():
     stub = StubCapture(devices=("meta",))
     replay = GraphReplay(Doubler(), capture=stub)
@@ -212,3 +227,35 @@ def test_replayed_graph_matches_and_outputs_are_not_overwritten():
         assert len(opt.replay._recorded) == 2
     # with autograd on, the module runs normally (a replay records no history)
     assert torch.equal(opt(x1).detach(), y1)
+
+
+def test_hooks_run_on_every_call_while_they_are_registered():
+    model = seeded(Untraceable())
+    x = torch.randn(1, 3, 21, 19)
+    opt, stub = optimized_with_stub(model, x, backend="torch")
+    fused = next(m for m in opt.modules() if isinstance(m, fuser.fused_modules.FusedConv2d))
+    seen = []
+    with torch.no_grad():
+        opt(x)
+        opt(x)
+        assert len(stub.replays) == 2
+        handle = fused.register_forward_hook(lambda module, args, out: seen.append(out))
+        opt(x)
+        opt(x)
+        assert len(seen) == 2 and len(stub.replays) == 2  # the hook ran both times: no replay
+        handle.remove()
+        opt(x)
+        assert len(seen) == 2 and len(stub.replays) == 3
+
+
+def test_a_model_with_hooks_before_its_first_call_is_not_recorded():
+    model = seeded(Untraceable())
+    x = torch.randn(1, 3, 21, 19)
+    opt = fuser.optimize(model, (x,), backend="torch")
+    stub = opt.replay.capture = StubCapture()
+    calls = []
+    opt.module.stem.register_forward_pre_hook(lambda module, args: calls.append(1))  # not a fused module
+    with torch.no_grad():
+        opt(x)
+        opt(x)
+    assert calls == [1, 1] and not stub.records
