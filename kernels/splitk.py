@@ -29,6 +29,10 @@ from .tiles import decode_rows, epilogue_tile, row_offsets, store_tile
 SM_COUNT = 132  # H200; a smaller card gets the same candidates, measured there
 MIN_STEPS_PER_SPLIT = 4  # below this a split is all prologue and epilogue
 MAX_SPLIT_K = 16
+PREFER_UNSPLIT_FILL = 0.5  # an unsplit default that keeps this share of the SMs busy beats a split one
+# A split default only for reductions this long: a short one finishes in a few microseconds unsplit, about
+# what the split's second launch and its pass over the partials cost (split candidates are measured anyway).
+MIN_STEPS_FOR_DEFAULT_SPLIT = 32
 REDUCE_TILE = TileConfig(32, 64, 1, 1, 4, 1)
 
 
@@ -139,8 +143,10 @@ def split_k_candidates(
 ) -> list[TileConfig]:
     """``candidates`` plus small-grid variants: a 64x64 and a 32-row tile, and each of those and the default
     tile with its :func:`split_k_for` split. When the default tile gives under a quarter wave (batch-1
-    rows, 7x7 layers, short GEMMs), the config that fills the waves best becomes the default (split or
-    not; the earliest, i.e. largest tile, of equals): a handful of CTAs on the whole card cannot win.
+    rows, 7x7 layers, short GEMMs), the unsplit config that fills the waves best becomes the default if it
+    fills at least :data:`PREFER_UNSPLIT_FILL` of them or the reduction is short (under
+    :data:`MIN_STEPS_FOR_DEFAULT_SPLIT` steps), else the best-filling split (largest tile of equals): a
+    handful of CTAs on the whole card cannot win.
     ``k_steps(config)`` is the reduction's step count under that config (``cdiv(K, block_k)`` for a
     GEMM; taps x channel blocks for a conv)."""
     if not candidates:
@@ -163,7 +169,13 @@ def split_k_candidates(
         if config not in out:
             out.append(config)
     if tiles_of(first) * 4 < sm_count:
-        best = max(out, key=lambda c: wave_fill(tiles_of(c) * c.split_k, sm_count))  # first of equals: larger tiles
+        # Fill the waves, with the largest tile of equals (max keeps the first); a split costs a second
+        # launch and a pass over the partials, so an unsplit tile that fills half the card is preferred.
+        fill = lambda c: wave_fill(tiles_of(c) * c.split_k, sm_count)
+        best = max((c for c in out if c.split_k == 1), key=fill)
+        long_splits = [c for c in out if c.split_k > 1 and k_steps(c) >= MIN_STEPS_FOR_DEFAULT_SPLIT]
+        if fill(best) < PREFER_UNSPLIT_FILL and long_splits and fill(max(long_splits, key=fill)) > fill(best):
+            best = max(long_splits, key=fill)
         out.remove(best)
         out.insert(0, best)
     return out
