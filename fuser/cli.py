@@ -1,4 +1,4 @@
-"""The ``fuser`` command line: ``fuser explain MODEL`` and ``fuser optimize MODEL -o OUT``.
+"""The ``fuser`` command line: ``fuser explain MODEL``, ``fuser optimize MODEL -o OUT`` and ``fuser tune MODEL``.
 
 MODEL is an .onnx file or the name of a bundled reference model (``fuser explain resnet50``).
 """
@@ -108,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     optimize.add_argument("--opset", type=int, default=None, help="ONNX opset of the output (default: torch's)")
     sub.add_parser("demo", help="optimize a bundled model and show what it did (same as `make demo`)")
+    tune = sub.add_parser(
+        "tune",
+        help="measure the kernels' tile configurations for a model's shapes on this GPU and cache them on disk",
+    )
+    _common(tune)
+    tune.add_argument("--cache-dir", type=Path, default=None, help="where to cache them (default: $FUSER_CACHE_DIR)")
     return parser
 
 
@@ -119,6 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from fuser import demo
 
         return demo.main()
+    if args.command == "tune":
+        return _tune(args)
     model, inputs = _load(args.model, args.input_shape, args.device)
     if args.command == "explain":
         report = fuser.explain(model, inputs, precision=args.precision, backend=args.backend)
@@ -134,6 +142,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         torch.save(optimized, args.output)
     print(f"\nwrote {args.output}")
+    return 0
+
+
+def _tune(args: argparse.Namespace) -> int:
+    """``optimize(..., tune=True)`` on the model's example inputs: every launch signature they reach is
+    measured (progress on stderr) and cached, so later ``optimize`` calls of those shapes measure nothing."""
+    import fuser
+    from fuser.kernels import autotune
+
+    if not str(args.device).startswith("cuda"):
+        raise SystemExit(f"fuser tune: measuring tile configurations needs a CUDA GPU, but --device is {args.device}")
+    if args.backend not in ("auto", "triton", "measured"):
+        raise SystemExit(f"fuser tune: --backend {args.backend} runs no compiled kernels, so there is nothing to tune")
+    if args.cache_dir is not None:
+        autotune.set_cache_dir(args.cache_dir)
+    model, inputs = _load(args.model, args.input_shape, args.device)
+    optimized = fuser.optimize(model, inputs, precision=args.precision, backend=args.backend, tune=True)
+    print(f"{len(optimized.fusion_report.fused)} fused layers; tile choices cached in {autotune.cache_dir()}")
     return 0
 
 

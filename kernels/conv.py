@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from . import autotune
-from .autotune import TileConfig, matmul_candidates
+from .autotune import Problem, TileConfig, matmul_candidates
 from .depthwise import prepare_depthwise
 from .direct_conv import direct_applies, prepare_direct
 from .epilogue import NO_EPILOGUE, Epilogue, apply_epilogue
@@ -487,13 +487,13 @@ def prepare_implicit_gemm(
         "x_dtype": str(x.dtype),
         "precision": precision.value,
         "descriptor": use_desc,
-        "gpu": torch.cuda.get_device_name(x.device),
-        "triton": triton.__version__,
     }
     config = autotune.choose(
         "conv2d_act",
         key,
         conv_candidates(m, c_in_g, c_out_g, k_total, elem, flat_k),
         lambda c: autotune.do_bench_ms(lambda: runner(c)(x, w_data, bias32, res4, out_nhwc)),
+        device=x.device,
+        problem=Problem(m, c_out_g, k_total, groups, elem, precision.value),
     )
     return runner(config)

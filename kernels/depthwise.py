@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from . import autotune
-from .autotune import TileConfig
+from .autotune import Problem, TileConfig
 from .epilogue import Epilogue, apply_epilogue
 from .launch import cdiv, launch, launch_options
 
@@ -184,13 +184,13 @@ def prepare_depthwise(
         "dilation": list(dilation),
         "x_dtype": str(x.dtype),
         "precision": precision_name,
-        "gpu": torch.cuda.get_device_name(x.device),
-        "triton": triton.__version__,
     }
     config = autotune.choose(
         "depthwise_act",
         key,
         depthwise_candidates(c),
         lambda cfg: autotune.do_bench_ms(lambda: runner(cfg)(x, w, bias32, res4, out)),
+        device=x.device,
+        problem=Problem(m, c, kernel_size[0] * kernel_size[1], 1, x.element_size(), precision_name),
     )
     return runner(config)

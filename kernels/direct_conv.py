@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from . import autotune
-from .autotune import TileConfig
+from .autotune import Problem, TileConfig
 from .epilogue import Epilogue, apply_epilogue
 from .launch import cdiv, launch, launch_options
 
@@ -202,13 +202,13 @@ def prepare_direct(
         "dilation": list(dilation),
         "x_dtype": str(x.dtype),
         "precision": precision_name,
-        "gpu": torch.cuda.get_device_name(x.device),
-        "triton": triton.__version__,
     }
     config = autotune.choose(
         "direct_conv_act",
         key,
         direct_candidates(c_out_g),
         lambda c: autotune.do_bench_ms(lambda: runner(c)(x, w, bias32, res4, out)),
+        device=x.device,
+        problem=Problem(m, c_out_g, c_in_g * kernel_size[0] * kernel_size[1], groups, x.element_size(), precision_name),
     )
     return runner(config)

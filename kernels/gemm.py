@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from . import autotune
-from .autotune import TileConfig, matmul_candidates
+from .autotune import Problem, TileConfig, matmul_candidates
 from .epilogue import NO_EPILOGUE, Epilogue, apply_epilogue
 from .launch import (
     aligned_2d,
@@ -242,14 +242,14 @@ def prepare_gemm(
             "w_dtype": str(w.dtype),
             "precision": precision.value,
             "descriptor": use_desc,
-            "gpu": torch.cuda.get_device_name(out2.device),
-            "triton": triton.__version__,
         }
         config = autotune.choose(
             "gemm_act",
             key,
             gemm_candidates(m, n, k, w.element_size()),
             lambda c: autotune.do_bench_ms(lambda: runner(c)(a3, w, bias32, res3, out2)),
+            device=out2.device,
+            problem=Problem(m, n, k, 1, w.element_size(), precision.value),
         )
     return runner(config)
 

@@ -1,0 +1,146 @@
+"""A cost model that picks a tile config among a kernel's candidates without running anything.
+
+It is the default where the shipped table of measured choices (tile_table.py) has no entry for a
+problem's shape class, and it only ranks: the config it returns is always one of the candidates it
+was given (the first of the cheapest, so a tie keeps the kernel's own preference order).
+
+The model is a wave count over the SMs with a per-round time, built from what the H200 runs showed
+(kernels/NOTES.md): small grids leave SMs idle, so tiles that give more CTAs win on small problems
+(128x768x3072 in TF32 was fastest with 64x64 tiles, 96 CTAs on 132 SMs); a short reduction gives the
+software pipeline no steady state, so several resident CTAs must hide the load latency; a tile wider
+than the problem only wastes work (cdiv padding is counted as work); split-K multiplies the CTAs and
+divides the reduction, at the price of writing and reducing the partial sums. Two families:
+
+- ``matmul`` (implicit-GEMM conv, GEMM): per k-step a CTA waits for the slowest of its tensor-core
+  work, its operand bytes through the SM's L2 port, and one load latency divided over the stages in
+  flight. Several CTAs resident on an SM share its tensor cores and port, not the latency.
+- ``stencil`` (depthwise and direct convs on the CUDA cores): per filter tap a round waits for its
+  FMAs or for one load latency, whichever is longer.
+
+The constants are the measured ceilings of benchmarks/results/layers-2026-12-01.json (matmul TFLOP/s
+per precision, copy bandwidth) divided over 132 SMs, and published Hopper limits (shared memory,
+registers, warps per SM); the latencies are round figures. Absolute times are rough; the ranking is
+what is used, and ``benchmarks/tile_table.py`` reports how far the model's pick is from the measured
+best on every shape it measures.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from .tiles import Problem, TileConfig
+
+SM_COUNT = 132
+SMEM_BYTES = 227 * 1024
+REGISTERS = 65536
+MAX_WARPS = 64
+MAX_REGS_PER_THREAD = 255
+
+# Tensor-core (CUDA-core for "ieee") flop/us per SM: the ceilings measured on the H200 / 132.
+PEAK_FLOP_PER_US = {
+    "tf32": 407e6 / SM_COUNT,
+    "tf32x3": 407e6 / SM_COUNT / 3,
+    "ieee": 60e6 / SM_COUNT,
+    "fp16": 749e6 / SM_COUNT,
+    "bf16": 782e6 / SM_COUNT,
+}
+SM_PORT_BYTES_PER_US = 1.0e5  # one SM's share of L2 -> SM bandwidth
+L2_BYTES_PER_US = 9.0e6  # all SMs together
+HBM_BYTES_PER_US = 4.26e6  # the measured copy bandwidth
+LOAD_LATENCY_US = 0.6
+SPLIT_REDUCE_US = 3.0  # the extra launch / atomics of a split reduction
+MMA_V2_FACTOR = 0.5  # below 64 rows per tile Triton cannot use wgmma on Hopper
+STENCIL_LANE_OPS_PER_US = 1.25e5  # FMA + gathered load per tap element, per SM
+STENCIL_TAP_LATENCY_US = 0.3
+
+MATMUL_KERNELS = frozenset({"conv2d_act", "gemm_act"})
+STENCIL_KERNELS = frozenset({"depthwise_act", "direct_conv_act"})
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _rounds(ctas_per_sm: int, occupancy: int) -> list[int]:
+    """How many CTAs run together in each round on the busiest SM."""
+    full, rest = divmod(ctas_per_sm, occupancy)
+    return [occupancy] * full + ([rest] if rest else [])
+
+
+def _matmul_us(problem: Problem, c: TileConfig, sm_count: int) -> float:
+    elem = problem.operand_bytes
+    smem = c.num_stages * (c.block_m + c.block_n) * c.block_k * elem
+    if smem > SMEM_BYTES:
+        return math.inf  # does not compile: out of shared memory
+    threads = 32 * c.num_warps
+    acc_regs = c.block_m * c.block_n // threads
+    regs = min(MAX_REGS_PER_THREAD, acc_regs + 40)
+    spill = 3.0 if acc_regs + 40 > MAX_REGS_PER_THREAD else 1.0
+    occupancy = max(1, min(SMEM_BYTES // max(1, smem), REGISTERS // (regs * threads), MAX_WARPS // c.num_warps))
+
+    split = max(1, c.split_k)
+    k_slice = _cdiv(max(1, problem.k), split)
+    k_steps = _cdiv(k_slice, c.block_k)
+    tiles = _cdiv(problem.m, c.block_m) * _cdiv(problem.n, c.block_n) * problem.groups * split
+    if tiles == 0:
+        return 0.0
+    active = min(tiles, sm_count)
+    port = min(SM_PORT_BYTES_PER_US, L2_BYTES_PER_US / active)
+    peak = PEAK_FLOP_PER_US.get(problem.precision, PEAK_FLOP_PER_US["tf32"])
+    if c.block_m < 64:
+        peak *= MMA_V2_FACTOR
+    step_flops = 2 * c.block_m * c.block_n * c.block_k
+    step_bytes = (c.block_m + c.block_n) * c.block_k * elem
+    latency = LOAD_LATENCY_US / max(1, c.num_stages - 1)
+    epilogue_bytes = c.block_m * c.block_n * 4
+
+    total = 0.0
+    for r in _rounds(_cdiv(tiles, sm_count), occupancy):
+        step = max(r * step_flops / peak, r * step_bytes / port, latency)
+        total += k_steps * step * spill + 2 * LOAD_LATENCY_US + r * epilogue_bytes / port
+    if split > 1:
+        partial_bytes = 2 * split * problem.m * problem.n * problem.groups * 4
+        total += partial_bytes / HBM_BYTES_PER_US + SPLIT_REDUCE_US
+    return total
+
+
+def _stencil_us(problem: Problem, c: TileConfig, sm_count: int) -> float:
+    threads = 32 * c.num_warps
+    elements = c.block_m * c.block_n
+    regs = min(MAX_REGS_PER_THREAD, 2 * elements // threads + 32)
+    spill = 3.0 if 2 * elements // threads + 32 > MAX_REGS_PER_THREAD else 1.0
+    occupancy = max(1, min(REGISTERS // (regs * threads), MAX_WARPS // c.num_warps))
+    tiles = _cdiv(problem.m, c.block_m) * _cdiv(problem.n, c.block_n) * problem.groups
+    if tiles == 0:
+        return 0.0
+    port = min(SM_PORT_BYTES_PER_US, L2_BYTES_PER_US / min(tiles, sm_count))
+    taps = max(1, problem.k)
+    total = 0.0
+    for r in _rounds(_cdiv(tiles, sm_count), occupancy):
+        tap = max(r * elements / STENCIL_LANE_OPS_PER_US, STENCIL_TAP_LATENCY_US)
+        total += taps * tap * spill + LOAD_LATENCY_US + r * elements * problem.operand_bytes / port
+    return total
+
+
+def estimate_us(kernel: str, problem: Problem, config: TileConfig, sm_count: int = SM_COUNT) -> float:
+    """The model's time for ``config`` on ``problem`` in microseconds (inf: cannot run; nan: the
+    kernel has no model)."""
+    if kernel in MATMUL_KERNELS:
+        return _matmul_us(problem, config, sm_count)
+    if kernel in STENCIL_KERNELS:
+        return _stencil_us(problem, config, sm_count)
+    return math.nan
+
+
+def pick(kernel: str, candidates: Sequence[TileConfig], problem: Problem, sm_count: int = SM_COUNT) -> TileConfig:
+    """The candidate the model expects to be fastest: the first of the cheapest, the first candidate
+    where the kernel has no model or no candidate can run."""
+    if not candidates:
+        raise ValueError(f"{kernel}: no tile candidates to choose from for {problem}")
+    best, best_us = candidates[0], math.inf
+    for config in candidates:
+        us = estimate_us(kernel, problem, config, sm_count)
+        if us < best_us:  # nan and inf never win
+            best, best_us = config, us
+    return best
