@@ -324,6 +324,7 @@ def merge_into_cache(path: Path, new: dict[str, dict[str, Any]]) -> bool:
                     json.dump({"format": _CACHE_FORMAT, "entries": entries}, f, indent=1, sort_keys=True)
                     f.flush()
                     os.fsync(f.fileno())
+                os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep other users of a shared cache out
                 os.replace(tmp, path)
             except BaseException:
                 with contextlib.suppress(OSError):
