@@ -130,6 +130,7 @@ class _Tuning:
     progress: Progress | None
     rounds: int
     rep_ms: int
+    should_measure: Callable[[str, Problem | None], bool] | None = None
 
 
 _OFF = _Tuning(False, None, rounds=2, rep_ms=20)
@@ -153,6 +154,7 @@ def tuning(
     rounds: int = 2,
     rep_ms: int = 20,
     drop_defaults: bool = True,
+    should_measure: Callable[[str, Problem | None], bool] | None = None,
 ) -> Iterator[Progress | None]:
     """Within this context, kernels measure their candidates for every launch signature not in the disk
     cache (``enabled=False``: they take the default, even where an outer context tunes).
@@ -164,7 +166,9 @@ def tuning(
     With ``drop_defaults`` the choices this process already took by default are dropped on entry (with
     the launch plans that embed them), so that shapes another model of the same process planned untuned
     are measured too; a context entered on every forward call passes False, since dropping the plans
-    costs every model of the process its plans.
+    costs every model of the process its plans. ``should_measure(kernel, problem)``, where given, can
+    decline a measurement (the launch then takes the default, which is not cached): a table-making run
+    uses it to measure a few shapes per shape class, not every one.
     """
     if rounds < 1 or rep_ms < 1:
         raise ValueError(f"tuning: rounds and rep_ms must be >= 1, got {rounds} and {rep_ms}")
@@ -185,7 +189,7 @@ def tuning(
                 del _memory[key]
             if defaults:
                 _clear_plans()
-    token = _tuning.set(_Tuning(enabled, reporter, rounds, rep_ms))
+    token = _tuning.set(_Tuning(enabled, reporter, rounds, rep_ms, should_measure))
     try:
         yield reporter
     finally:
@@ -358,7 +362,7 @@ def _device_facts(index: int) -> tuple[str, str, int]:
     return props.name, f"sm{props.major}{props.minor}", props.multi_processor_count
 
 
-def _device(device: Any) -> tuple[str, str, int] | None:
+def device_facts(device: Any) -> tuple[str, str, int] | None:
     """(GPU name, architecture such as "sm90", SM count) of a CUDA device, None for anything else."""
     if device is None or getattr(device, "type", None) != "cuda":
         return None
@@ -418,7 +422,7 @@ def choose(
     """
     if not candidates:
         raise ValueError(f"{kernel}: no tile candidates for {key}")
-    facts = _device(device)
+    facts = device_facts(device)
     if facts is not None:
         key = {**key, "gpu": facts[0], "arch": facts[1], "triton": _triton_version()}
     # The candidate list is part of the key: a choice made among other candidates is not trusted.
@@ -437,7 +441,7 @@ def choose(
         if settings.progress is not None and tune:
             settings.progress.from_cache()
         return _remember(key_text, config, measured=True)
-    if not tune:
+    if not tune or (settings.should_measure is not None and not settings.should_measure(kernel, problem)):
         arch, sm_count = (facts[1], facts[2]) if facts is not None else (None, tile_heuristic.SM_COUNT)
         return _remember(key_text, default_config(kernel, candidates, problem, arch, sm_count), measured=False)
     config, timings = _measure(kernel, key, candidates, bench, problem, settings)

@@ -174,7 +174,7 @@ def test_device_is_folded_into_the_key_and_selects_the_table(
     class FakeCuda:
         type = "cuda"
 
-    monkeypatch.setattr(autotune, "_device", lambda device: ("NVIDIA H200", "sm90", 132) if device else None)
+    monkeypatch.setattr(autotune, "device_facts", lambda device: ("NVIDIA H200", "sm90", 132) if device else None)
     monkeypatch.setattr(autotune, "_triton_version", lambda: "3.6.0")
     monkeypatch.setattr(tile_table, "TABLE_DIR", tmp_path)
     tile_table.forget_loaded()
@@ -212,3 +212,21 @@ def test_untuned_choice_does_not_wait_for_a_held_lock(cache: Path, monkeypatch: 
         with pytest.warns(UserWarning, match="stayed locked"), autotune.tuning(progress=False, rounds=1):
             assert autotune.choose("k", {**KEY, "m": 9}, CANDIDATES, counting_bench([])) == CANDIDATES[1]
     assert not path.exists()
+
+
+def test_should_measure_can_decline_a_measurement(cache: Path) -> None:
+    asked: list[tuple[str, Problem | None]] = []
+
+    def only_big(kernel: str, problem: Problem | None) -> bool:
+        asked.append((kernel, problem))
+        return problem is not None and problem.m > 1000
+
+    calls: list[TileConfig] = []
+    with autotune.tuning(progress=False, rounds=1, should_measure=only_big):
+        small = autotune.choose("gemm_act", KEY, CANDIDATES, no_bench, problem=PROBLEM)
+        autotune.choose(
+            "gemm_act", {**KEY, "m": 5000}, CANDIDATES, counting_bench(calls), problem=Problem(5000, 21, 61)
+        )
+    assert small == tile_heuristic.pick("gemm_act", CANDIDATES, PROBLEM)
+    assert calls == CANDIDATES and len(asked) == 2
+    assert len(autotune.read_cache_file(autotune.cache_file("test"))) == 1, "a declined measurement is not cached"
