@@ -146,7 +146,9 @@ def _summary(table: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cache", type=Path, default=REPO / ".fuser_tile_table", help="tile cache of the measurements")
+    parser.add_argument(
+        "--cache", type=Path, default=REPO / ".fuser_autotune" / "tile_table", help="tile cache of the measurements"
+    )
     parser.add_argument("--out", type=Path, default=None, help="the table (default: kernels/tile_table_<arch>.json)")
     parser.add_argument("--only", nargs="*", default=None, help="items as model:batch:dtype, or gemm:float32 ...")
     parser.add_argument("--budget-s", type=float, default=540.0, help="start no new item after this long")
