@@ -8,6 +8,7 @@ changed; ``explain`` stops after matching and returns the report of what ``optim
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 from pathlib import Path
@@ -123,7 +124,7 @@ def optimize(
     root, report = _run_pipeline(working, inputs, policy, backend, rewrite=True)
     optimized = OptimizedModule(root, report, policy, backend, cuda_graphs, tune)
     if inputs is not None and _on_cuda(inputs) and backend in ("auto", "triton", "measured"):
-        with torch.no_grad(), autotune.tuning(tune):
+        with torch.no_grad(), autotune.tuning() if tune else contextlib.nullcontext():
             optimized(*inputs)  # compiles the kernels (and with tune=True measures their tile configs)
     return optimized
 
