@@ -15,7 +15,9 @@ default. The table is then built from every entry of the cache measured on this 
 and written with where it came from; the summary says how far the cost model's pick was from the best.
 
 A run cut short (``--budget-s``, or the device's limit per call) keeps its measurements in the cache and
-records the items it finished there: the same command again resumes where it stopped.
+records the items it finished there: the same command again resumes where it stopped. The table is
+rewritten after every item. ``--budget-s`` only stops new items from starting, and one item (a model at
+batch 32) can take a few minutes: keep it that much below an outside time limit.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import sys
 import time
 from collections import Counter
@@ -151,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=None, help="the table (default: kernels/tile_table_<arch>.json)")
     parser.add_argument("--only", nargs="*", default=None, help="items as model:batch:dtype, or gemm:float32 ...")
-    parser.add_argument("--budget-s", type=float, default=540.0, help="start no new item after this long")
+    parser.add_argument("--budget-s", type=float, default=420.0, help="start no new item after this long")
     parser.add_argument("--per-class", type=int, default=2, help="launches measured per shape class")
     parser.add_argument("--rounds", type=int, default=2, help="measurements of each candidate (best kept)")
     parser.add_argument("--rep-ms", type=int, default=40, help="do_bench time per measurement")
@@ -159,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("tile_table: needs a CUDA GPU")
+    os.environ.pop("FUSER_AUTOTUNE", None)  # "0" would switch the measuring off
     name, arch, sm_count = autotune.device_facts(torch.device("cuda"))
+    args.cache.mkdir(parents=True, exist_ok=True)
     autotune.set_cache_dir(args.cache)
     cache_file = autotune.cache_file(name)
     done_file = args.cache / "tile_table_done.json"
@@ -170,6 +175,33 @@ def main(argv: list[str] | None = None) -> int:
     left_out: list[str] = []
     start = time.perf_counter()
     sources: dict[str, str] = {}
+    out = args.out or tile_table.table_path(arch)
+
+    def write_table() -> dict[str, Any]:
+        entries = [
+            e
+            for e in autotune.read_cache_file(cache_file).values()
+            if json.loads(e.get("key", "{}")).get("arch") == arch
+        ]
+        source = {
+            "gpu": name,
+            "sm_count": sm_count,
+            "torch": torch.__version__,
+            "triton": __import__("triton").__version__,
+            "cuda": torch.version.cuda,
+            "date": datetime.date.today().isoformat(),
+            "command": "python -m benchmarks.tile_table " + " ".join(sys.argv[1:] if argv is None else argv),
+            "measured": sorted(done),
+            "models_from": sources,
+            "left_out": left_out,
+            "per_class": args.per_class,
+            "rounds": args.rounds,
+            "rep_ms": args.rep_ms,
+        }
+        table = tile_table.build_table(entries, arch, source, sm_count)
+        out.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+        return table
+
     for item in [] if args.build_only else items:
         if item in done:
             continue
@@ -191,27 +223,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
         done.add(item)
         done_file.write_text(json.dumps(sorted(done)))
-    entries = [
-        e for e in autotune.read_cache_file(cache_file).values() if json.loads(e.get("key", "{}")).get("arch") == arch
-    ]
-    source = {
-        "gpu": name,
-        "sm_count": sm_count,
-        "torch": torch.__version__,
-        "triton": __import__("triton").__version__,
-        "cuda": torch.version.cuda,
-        "date": datetime.date.today().isoformat(),
-        "command": "python -m benchmarks.tile_table " + " ".join(sys.argv[1:] if argv is None else argv),
-        "measured": sorted(done),
-        "models_from": sources,
-        "left_out": left_out,
-        "per_class": args.per_class,
-        "rounds": args.rounds,
-        "rep_ms": args.rep_ms,
-    }
-    table = tile_table.build_table(entries, arch, source, sm_count)
-    out = args.out or tile_table.table_path(arch)
-    out.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+        write_table()  # after every item: a run stopped from outside still leaves the table of what it did
+    table = write_table()
     print(f"wrote {out}: {_summary(table)}", flush=True)
     if left_out:
         print(f"left out (run the same command again to resume): {', '.join(left_out)}", flush=True)
