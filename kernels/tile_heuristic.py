@@ -19,7 +19,8 @@ divides the reduction, at the price of writing and reducing the partial sums. Tw
 
 The constants are the measured ceilings of benchmarks/results/layers-2026-12-01.json (matmul TFLOP/s
 per precision, copy bandwidth) divided over 132 SMs, and published Hopper limits (shared memory,
-registers, warps per SM); the latencies are round figures. Absolute times are rough; the ranking is
+registers, warps per SM); the implicit GEMM's k-step costs 1.9x a GEMM's (the batch-32 conv rows of that
+file against this model); the latencies are round figures. Absolute times are rough; the ranking is
 what is used, and ``benchmarks/tile_table.py`` reports how far the model's pick is from the measured
 best on every shape it measures.
 """
@@ -51,6 +52,9 @@ HBM_BYTES_PER_US = 4.26e6  # the measured copy bandwidth
 LOAD_LATENCY_US = 0.6
 SPLIT_REDUCE_US = 3.0  # the extra launch / atomics of a split reduction
 MMA_V2_FACTOR = 0.5  # below 64 rows per tile Triton cannot use wgmma on Hopper
+# The implicit GEMM's k-steps (gathered activations, index math) against a plain GEMM's: the batch-32 conv
+# rows of layers-2026-12-01.json ran 1.65-2.17x (geomean 1.9x) the time this model gives a GEMM of their size.
+IMPLICIT_GEMM_STEP_FACTOR = 1.9
 STENCIL_LANE_OPS_PER_US = 1.25e5  # FMA + gathered load per tap element, per SM
 STENCIL_TAP_LATENCY_US = 0.3
 
@@ -69,7 +73,7 @@ def _busiest_sm_us(ctas_per_sm: int, occupancy: int, round_us: Callable[[int], f
     return full * round_us(occupancy) + (round_us(rest) if rest else 0.0)
 
 
-def _matmul_us(problem: Problem, c: TileConfig, sm_count: int) -> float:
+def _matmul_us(problem: Problem, c: TileConfig, sm_count: int, step_factor: float) -> float:
     elem = problem.operand_bytes
     stage_bytes = (c.block_m + c.block_n) * c.block_k * elem
     smem = c.num_stages * stage_bytes
@@ -101,7 +105,7 @@ def _matmul_us(problem: Problem, c: TileConfig, sm_count: int) -> float:
     epilogue_bytes = c.block_m * c.block_n * 4
 
     def round_us(r: int) -> float:
-        step = max(r * step_flops / peak, r * step_bytes / port, latency)
+        step = max(r * step_flops / peak, r * step_bytes / port, latency) * step_factor
         return k_steps * step * spill + 2 * LOAD_LATENCY_US + r * epilogue_bytes / port
 
     total = _busiest_sm_us(_cdiv(tiles, sm_count), occupancy, round_us)
@@ -134,7 +138,7 @@ def estimate_us(kernel: str, problem: Problem, config: TileConfig, sm_count: int
     """The model's time for ``config`` on ``problem`` in microseconds (inf: cannot run; nan: the
     kernel has no model)."""
     if kernel in MATMUL_KERNELS:
-        return _matmul_us(problem, config, sm_count)
+        return _matmul_us(problem, config, sm_count, IMPLICIT_GEMM_STEP_FACTOR if kernel == "conv2d_act" else 1.0)
     if kernel in STENCIL_KERNELS:
         return _stencil_us(problem, config, sm_count)
     return math.nan
