@@ -39,7 +39,7 @@ import torch
 import fuser
 from fuser.kernels import autotune, pack_gemm_weight, tile_table
 from fuser.kernels.gemm import gemm_act
-from fuser.kernels.tiles import Problem
+from fuser.kernels.tile_config import Problem
 
 REPO = Path(__file__).resolve().parent.parent
 # (model, batch, dtype), most wanted first: the regimes the kernels' targets name come before the others.

@@ -49,7 +49,7 @@ from typing import Any, TextIO
 import filelock
 
 from . import tile_heuristic, tile_table
-from .tiles import Problem, TileConfig
+from .tile_config import Problem, TileConfig
 
 __all__ = [
     "Problem",

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from .tiles import Problem, TileConfig
+from .tile_config import Problem, TileConfig
 
 SM_COUNT = 132
 SMEM_BYTES = 227 * 1024

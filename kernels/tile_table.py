@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from . import tile_heuristic
-from .tiles import Problem, TileConfig
+from .tile_config import Problem, TileConfig
 
 TABLE_FORMAT = 1
 TABLE_DIR = Path(__file__).parent

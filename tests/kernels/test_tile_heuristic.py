@@ -15,7 +15,7 @@ from fuser.kernels.conv import conv_candidates
 from fuser.kernels.depthwise import depthwise_candidates
 from fuser.kernels.direct_conv import direct_candidates
 from fuser.kernels.gemm import gemm_candidates
-from fuser.kernels.tiles import Problem, TileConfig
+from fuser.kernels.tile_config import Problem, TileConfig
 
 ODD_M = [1, 3, 17, 127, 1001, 12799, 10_000_019]
 ODD_N = [1, 7, 61, 255, 3071, 50257]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fuser.kernels import autotune, tile_table
-from fuser.kernels.tiles import Problem, TileConfig
+from fuser.kernels.tile_config import Problem, TileConfig
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "tile_table.py"
 

@@ -1,7 +1,7 @@
 """The two values tile selection works on: a launch configuration and the problem it is chosen for.
 
-Kept apart from the cache (autotune.py), the cost model (tile_heuristic.py) and the shipped table
-(tile_table.py) so that each of those imports them without importing the others.
+Kept apart from the cache (autotune.py, which re-exports both), the cost model (tile_heuristic.py) and
+the shipped table (tile_table.py) so that each of those imports them without importing the others.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ class TileConfig:
     split_k: int = 1
 
     def constexprs(self) -> dict[str, int]:
-        """The kernel parameters this config sets (a launcher passes those its kernel declares)."""
+        """The tile's kernel parameters (a launcher passes those its kernel declares; ``split_k`` is the
+        launcher's to pass, since a split also changes the grid and adds a reduction)."""
         return {
             "BLOCK_M": self.block_m,
             "BLOCK_N": self.block_n,
             "BLOCK_K": self.block_k,
             "GROUP_M": self.group_m,
-            "SPLIT_K": self.split_k,
         }
 
 
