@@ -133,18 +133,20 @@ def _class_limit(cache_file: Path, per_class: int) -> Callable[[str, Problem | N
 
 def _summary(table: dict[str, Any]) -> str:
     entries = table["entries"]
-    model = [e["model_rel"] for e in entries.values() if e.get("model_rel") is not None]
-    unknown = sum(e.get("model_rel") is None for e in entries.values())
-    if not model:
-        return f"{len(entries)} shape classes"
-    geomean = math.exp(sum(math.log(v) for v in model) / len(model))
-    worst = max(entries.items(), key=lambda item: item[1].get("model_rel") or 0.0)
-    return (
-        f"{len(entries)} shape classes; the cost model's pick against the measured best: geomean "
-        f"{geomean:.3f}x, worst {worst[1]['model_rel']:.3f}x ({worst[0]}), within 5% on "
-        f"{sum(v <= 1.05 for v in model)}/{len(model)}"
-        + (f"; {unknown} classes where it picked a failing config" if unknown else "")
-    )
+    parts = [f"{len(entries)} shape classes"]
+    for field, who in (("model_rel", "the cost model's pick"), ("first_rel", "the lists' first candidates")):
+        rel = [e[field] for e in entries.values() if e.get(field) is not None]
+        failing = sum(e.get(field) is None for e in entries.values())
+        if not rel:
+            continue
+        geomean = math.exp(sum(math.log(v) for v in rel) / len(rel))
+        worst_class, worst = max(entries.items(), key=lambda item: item[1].get(field) or 0.0)
+        parts.append(
+            f"{who} against the measured best: geomean {geomean:.3f}x, worst {worst[field]:.3f}x ({worst_class}), "
+            f"within 5% on {sum(v <= 1.05 for v in rel)}/{len(rel)}"
+            + (f", a failing config on {failing}" if failing else "")
+        )
+    return "; ".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,6 +58,8 @@ IMPLICIT_GEMM_STEP_FACTOR = 1.9
 STENCIL_LANE_OPS_PER_US = 1.25e5  # FMA + gathered load per tap element, per SM
 STENCIL_TAP_LATENCY_US = 0.3
 
+DEFAULT_MARGIN = 0.10
+
 MATMUL_KERNELS = frozenset({"conv2d_act", "gemm_act"})
 STENCIL_KERNELS = frozenset({"depthwise_act", "direct_conv_act"})
 
@@ -144,14 +146,27 @@ def estimate_us(kernel: str, problem: Problem, config: TileConfig, sm_count: int
     return math.nan
 
 
-def pick(kernel: str, candidates: Sequence[TileConfig], problem: Problem, sm_count: int = SM_COUNT) -> TileConfig:
-    """The candidate the model expects to be fastest: the first of the cheapest, the first candidate
-    where the kernel has no model or no candidate can run."""
+def pick(
+    kernel: str,
+    candidates: Sequence[TileConfig],
+    problem: Problem,
+    sm_count: int = SM_COUNT,
+    margin: float = DEFAULT_MARGIN,
+) -> TileConfig:
+    """The kernel's own default (its list's first entry, ordered by the kernel from measurements) unless
+    the model expects another candidate to be more than ``margin`` faster; then the first of the
+    cheapest. The first candidate where the kernel has no model or none can run.
+
+    The margin is the model's precision: it is rough (see the module docstring), so a close call stays
+    the list's, and only a clear win (a grid that leaves most SMs idle, a tile far wider than N)
+    overrides it."""
     if not candidates:
         raise ValueError(f"{kernel}: no tile candidates to choose from for {problem}")
-    best, best_us = candidates[0], math.inf
-    for config in candidates:
-        us = estimate_us(kernel, problem, config, sm_count)
-        if us < best_us:  # nan and inf never win
-            best, best_us = config, us
-    return best
+    times = [estimate_us(kernel, problem, config, sm_count) for config in candidates]
+    finite = [(t, i) for i, t in enumerate(times) if math.isfinite(t)]  # nan and inf never win
+    if not finite:
+        return candidates[0]
+    best_us, best = min(finite)
+    if math.isfinite(times[0]) and times[0] <= best_us * (1 + margin):
+        return candidates[0]
+    return candidates[best]

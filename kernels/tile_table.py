@@ -16,10 +16,11 @@ Format (``format`` 1)::
     {"format": 1, "arch": "sm90", "source": {...versions, GPU, date, command...},
      "entries": {"conv2d_act|tf32|b4|m16384|n64|k1024|g1":
                    {"ranked": [{"config": {"block_m": 128, ...}, "rel": 1.0}, ...],
-                    "shapes": [[m, n, k, groups], ...], "model_rel": 1.07}}}
+                    "shapes": [[m, n, k, groups], ...], "model_rel": 1.07, "first_rel": 1.12}}}
 
 ``model_rel`` is how much slower the cost model's pick (tile_heuristic) was than the measured best on
-that class: the evidence for trusting the model where the table has no entry.
+that class, ``first_rel`` the same for the kernel's own default (its list's first candidate): the
+evidence for trusting the model, and its margin over the list's order, where the table has no entry.
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ def build_table(
         failed = {c for timings in measured for c, t in timings.items() if not math.isfinite(t)}
         ratios: dict[TileConfig, list[float]] = defaultdict(list)  # in the order candidates were listed
         model: list[float] = []
+        first: list[float] = []
         for timings, problem in zip(measured, problems[cls], strict=True):
             best = min(timings.values())
             for config, t in timings.items():
@@ -141,11 +143,13 @@ def build_table(
                     ratios[config].append(t / best)
             picked = tile_heuristic.pick(kernels[cls], list(timings), problem, sm_count)
             model.append(timings[picked] / best)
+            first.append(next(iter(timings.values())) / best)
         order = {config: i for i, config in enumerate(ratios)}
         ranked = sorted(ratios.items(), key=lambda item: (_geomean(item[1]), order[item[0]]))
         table[cls] = {
             "ranked": [{"config": asdict(c), "rel": round(_geomean(r), 4)} for c, r in ranked],
             "shapes": [[p.m, p.n, p.k, p.groups] for p in problems[cls]],
             "model_rel": round(_geomean(model), 4) if all(math.isfinite(v) for v in model) else None,
+            "first_rel": round(_geomean(first), 4) if all(math.isfinite(v) for v in first) else None,
         }
     return {"format": TABLE_FORMAT, "arch": arch, "source": source, "entries": table}

@@ -158,3 +158,24 @@ def test_built_table_round_trips_through_lookup(tmp_path: Path, monkeypatch: pyt
         assert tile_table.lookup("sm80", "gemm_act", problem, candidates) is None
     finally:
         tile_table.forget_loaded()
+
+
+def test_the_lists_default_stands_unless_the_model_expects_a_clear_win() -> None:
+    problem = Problem(12799, 255, 2305)
+    candidates = gemm_candidates(12799, 255, 2305, 4)
+    times = [tile_heuristic.estimate_us("gemm_act", problem, c) for c in candidates]
+    fastest = candidates[times.index(min(times))]
+    assert min(times) * 1.10 < times[0], "this shape must have a clear model win for the test to mean anything"
+    assert tile_heuristic.pick("gemm_act", candidates, problem) == fastest
+    wide_margin = times[0] / min(times) - 1 + 1e-6
+    assert tile_heuristic.pick("gemm_act", candidates, problem, margin=wide_margin) == candidates[0]
+    close = [c for c, t in zip(candidates, times, strict=True) if abs(t - times[0]) <= 0.05 * times[0]]
+    assert len(close) >= 2 and tile_heuristic.pick("gemm_act", close, problem) == close[0]
+
+
+def test_table_entries_say_how_the_lists_first_candidate_did() -> None:
+    a, b = TileConfig(64, 64, 32), TileConfig(128, 64, 32)
+    entries = [_entry("gemm_act", Problem(1000, 60, 300), [(a, 3.0), (b, 1.5)])]
+    (entry,) = tile_table.build_table(entries, "sm90", {}, sm_count=132)["entries"].values()
+    assert entry["first_rel"] == 2.0
+    assert entry["model_rel"] in (1.0, 2.0)
