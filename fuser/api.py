@@ -25,6 +25,7 @@ from fuser.capture import Capture, CapturedGraph, UntracedModule, capture, insta
 from fuser.chain import Chain
 from fuser.cuda_graphs import GraphReplay
 from fuser.graph_ops import CONV_ARGS, CONV_DEFAULTS, bind, constant_tensor
+from fuser.kernels import autotune
 from fuser.kernels.precision import Precision
 from fuser.matcher import find_chains
 from fuser.pool_pyramid import fuse_pool_pyramids
@@ -36,7 +37,12 @@ ModelLike = nn.Module | str | os.PathLike
 
 
 class OptimizedModule(nn.Module):
-    """The optimized model: ``module`` runs under the precision policy; ``fusion_report`` says what was fused."""
+    """The optimized model: ``module`` runs under the precision policy; ``fusion_report`` says what was fused.
+
+    With ``tune=True`` a call with input shapes not seen before measures the tile configs of its new
+    launch signatures (fuser.kernels.autotune); otherwise they take the default, measuring nothing."""
+
+    tune = False  # modules saved before the attribute existed load untuned
 
     def __init__(
         self,
@@ -45,6 +51,7 @@ class OptimizedModule(nn.Module):
         precision: Precision,
         backend: str,
         cuda_graphs: bool = True,
+        tune: bool = False,
     ) -> None:
         super().__init__()
         self.module = module
@@ -52,10 +59,17 @@ class OptimizedModule(nn.Module):
         self.precision = precision
         self.backend = backend
         self.replay = GraphReplay(module) if cuda_graphs else None
+        self.tune = _check_tune(tune)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():  # the compiler traces the model itself, and records its own graphs
             return self.module(*args, **kwargs)
+        if self.tune:
+            with autotune.tuning(drop_defaults=False):
+                return self._forward(*args, **kwargs)
+        return self._forward(*args, **kwargs)
+
+    def _forward(self, *args: Any, **kwargs: Any) -> Any:
         with torch_precision(self.precision), _on_device_of(args):
             if self.replay is not None and not kwargs:
                 return self.replay(*args)
@@ -91,6 +105,7 @@ def optimize(
     backend: str = "auto",
     inplace: bool = False,
     cuda_graphs: bool = True,
+    tune: bool = False,
 ) -> OptimizedModule:
     """Return a module that computes the same function as ``model`` with its chains fused.
 
@@ -111,12 +126,19 @@ def optimize(
             (fuser.cuda_graphs): one launch instead of one per kernel, which is what wins at batch 1. A forward
             that cannot be recorded runs with plain launches after one warning. Off under torch.compile,
             which records its own (mode="reduce-overhead"); ``False`` switches it off.
+        tune: measure the tile configurations of every kernel launch instead of taking the default (the
+            table of choices measured for the GPU's architecture, else a cost model), with a progress line
+            on stderr; the choices are cached on disk (fuser.kernels.autotune), so a later ``optimize``
+            of the same shapes on this GPU reads them without measuring. Off by default: a tuning run
+            compiles and times every candidate (about a minute per model on an H200). It also applies
+            to later calls of the module with new input shapes. ``FUSER_AUTOTUNE=1`` / ``0`` overrides it.
 
     The result carries ``.fusion_report``. Chains that fail a guard stay unfused and are listed, with the reason,
     in ``.fusion_report.rejected``.
     """
     policy = Precision.parse(precision)
     ops.check_backend(backend)
+    _check_tune(tune)
     inputs = _as_inputs(example_inputs)
     if inputs is not None:
         for t in inputs:
@@ -124,11 +146,17 @@ def optimize(
                 ops.resolve_backend(backend, t.device)  # a backend that cannot run where the inputs are: say so now
     working = _working_copy(model, inplace)
     root, report = _run_pipeline(working, inputs, policy, backend, rewrite=True)
-    optimized = OptimizedModule(root, report, policy, backend, cuda_graphs)
+    optimized = OptimizedModule(root, report, policy, backend, cuda_graphs, tune)
     if inputs is not None and _on_cuda(inputs) and backend in ("auto", "triton", "measured"):
-        with torch.no_grad():
-            optimized(*inputs)  # compiles the kernels and measures their tile configs for these shapes
+        with torch.no_grad(), autotune.tuning() if tune else contextlib.nullcontext():
+            optimized(*inputs)  # compiles the kernels (and with tune=True measures their tile configs)
     return optimized
+
+
+def _check_tune(tune: Any) -> bool:
+    if not isinstance(tune, bool):
+        raise TypeError(f"tune must be True or False, got {tune!r}")
+    return tune
 
 
 def explain(

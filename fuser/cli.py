@@ -1,4 +1,5 @@
-"""The ``fuser`` command line: ``fuser explain MODEL``, ``fuser optimize MODEL -o OUT``, ``fuser verify MODEL``.
+"""The ``fuser`` command line: ``fuser explain MODEL``, ``fuser optimize MODEL -o OUT``, ``fuser verify MODEL``
+and ``fuser tune MODEL``.
 
 MODEL is an .onnx file or the name of a bundled reference model (``fuser explain resnet50``).
 """
@@ -113,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--plot", type=Path, default=None, metavar="PNG", help="draw the error per fused layer")
     verify.add_argument("--json", action="store_true", help="print the result as JSON")
     sub.add_parser("demo", help="optimize a bundled model and show what it did (same as `make demo`)")
+    tune = sub.add_parser(
+        "tune",
+        help="measure the kernels' tile configurations for a model's shapes on this GPU and cache them on disk",
+    )
+    _common(tune)
+    tune.add_argument("--cache-dir", type=Path, default=None, help="where to cache them (default: $FUSER_CACHE_DIR)")
     return parser
 
 
@@ -124,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from fuser import demo
 
         return demo.main()
+    if args.command == "tune":
+        return _tune(args)
     model, inputs = _load(args.model, args.input_shape, args.device)
     if args.command == "verify":
         return _verify(model, inputs, args)
@@ -144,21 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _verify(model: Any, inputs: tuple[torch.Tensor, ...], args: argparse.Namespace) -> int:
-    """Exit status 0 when the optimized model is within the budget, 1 when not."""
-    import fuser
-
-    optimized = fuser.optimize(model, inputs, precision=args.precision, backend=args.backend)
-    original = model
-    if not isinstance(model, torch.nn.Module):  # an ONNX file: its graph as imported, before fusion
-        from fuser.onnx.importer import import_onnx
-
-        original = import_onnx(model)
-    result = fuser.verify(original, optimized, inputs, budget=args.budget)
-    print(json.dumps(result.to_dict(), indent=2) if args.json else result)
-    if args.plot is not None:
-        print(f"\nwrote {result.plot(args.plot)}")
-    return 0 if result.ok else 1
+"""The ``fuser`` command line: ``fuser explain MODEL``, ``fuser optimize MODEL -o OUT``, ``fuser verify MODEL``
+and ``fuser tune MODEL``.
 
 
 if __name__ == "__main__":

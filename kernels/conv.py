@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .autotune import TileConfig, matmul_candidates
+from .autotune import Problem, TileConfig, matmul_candidates
 from .conv_choice import FLAT_K_BELOW, ConvKernel, conv_kernel
 from .depthwise import depthwise_candidates, prepare_depthwise
 from .direct_conv import direct_candidates, prepare_direct
@@ -532,5 +532,6 @@ def prepare_implicit_gemm(
         interpret_config=INTERPRET_CONFIG if flat_k or c_in_g > 16 else INTERPRET_CONFIG_NARROW,
         forced=tile,
         device=x.device,
+        problem=Problem(m, c_out_g, k_total, groups, elem, precision.value),
     )
     return runner(config)

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .autotune import TileConfig
+from .autotune import Problem, TileConfig
 from .epilogue import Epilogue
 from .launch import KernelCall, cdiv, choose_tile
 from .tiles import decode_rows, epilogue_tile, row_offsets, store_tile
@@ -175,5 +175,6 @@ def prepare_depthwise(
         interpret_config=INTERPRET_CONFIG,
         forced=tile,
         device=x.device,
+        problem=Problem(m, c, kernel_size[0] * kernel_size[1], 1, x.element_size(), precision_name),
     )
     return runner(config)

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .autotune import TileConfig, matmul_candidates
+from .autotune import Problem, TileConfig, matmul_candidates
 from .epilogue import NO_EPILOGUE, Epilogue
 from .launch import (
     KernelCall,
@@ -241,6 +241,7 @@ def prepare_gemm(
         interpret_config=INTERPRET_CONFIG,
         forced=tile,
         device=out2.device,
+        problem=Problem(m, n, k, 1, w.element_size(), precision.value),
     )
     return runner(config)
 

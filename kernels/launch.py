@@ -291,17 +291,20 @@ def choose_tile(
     interpret_config: TileConfig,
     forced: TileConfig | None,
     device: torch.device,
+    problem: autotune.Problem | None = None,
 ) -> TileConfig:
     """The tile of a plan: ``forced`` when given (tests, and tools that sweep every candidate); under the
     interpreter ``interpret_config`` (large tiles, few programs: the interpreter's cost is per program);
     else :func:`autotune.choose` among ``candidates``, timing ``bench_call(config)`` on the example
-    tensors. ``key`` describes the problem; the GPU and triton version are added here."""
+    tensors (only while tuning: otherwise the default comes from the shipped table or the cost model for
+    ``problem``). ``key`` describes the launch; :func:`autotune.choose` adds the GPU and triton version."""
     if forced is not None:
         return forced
     if interpret:
         return interpret_config
-    full_key = {**key, "gpu": torch.cuda.get_device_name(device), "triton": triton.__version__}
-    return autotune.choose(name, full_key, candidates, lambda c: autotune.do_bench_ms(lambda: bench_call(c)))
+    return autotune.choose(
+        name, key, candidates, lambda c: autotune.do_bench_ms(lambda: bench_call(c)), device=device, problem=problem
+    )
 
 
 class PlanCache:

@@ -1,23 +1,27 @@
-"""The tile-choice cache: measured once, reused from disk, unreadable entries ignored and rewritten."""
+"""The tile choice: a default that measures nothing unless tuning is asked for; measured choices cached
+on disk, reused, unreadable ones ignored and rewritten; FUSER_AUTOTUNE overriding both ways."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
+import filelock
 import pytest
 
-from fuser.kernels import autotune, set_cache_dir
-from fuser.kernels.autotune import TileConfig
+from fuser.kernels import autotune, set_cache_dir, tile_heuristic, tile_table
+from fuser.kernels.autotune import Problem, TileConfig
 
 CANDIDATES = [TileConfig(64, 64, 32), TileConfig(128, 64, 32), TileConfig(32, 32, 32)]
 KEY = {"m": 33, "n": 21, "gpu": "test"}
 TIMES = {CANDIDATES[0]: 2.0, CANDIDATES[1]: 0.5, CANDIDATES[2]: 1.0}
+PROBLEM = Problem(333, 21, 61)
 
 
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("FUSER_AUTOTUNE", "1")
+    monkeypatch.delenv("FUSER_AUTOTUNE", raising=False)
     set_cache_dir(tmp_path)
     yield tmp_path
     set_cache_dir(None)
@@ -31,37 +35,75 @@ def counting_bench(calls: list[TileConfig]):
     return bench
 
 
+def no_bench(config: TileConfig) -> float:
+    pytest.fail(f"measured {config} although tuning is off")
+
+
+def test_untuned_choice_measures_nothing_and_is_the_models(cache: Path) -> None:
+    config = autotune.choose("gemm_act", KEY, CANDIDATES, no_bench, problem=PROBLEM)
+    assert config == tile_heuristic.pick("gemm_act", CANDIDATES, PROBLEM)
+    assert autotune.choose("gemm_act", {**KEY, "m": 2}, CANDIDATES, no_bench) == CANDIDATES[0]  # no problem given
+    assert not list(cache.iterdir()), "an untuned choice is not a measurement: nothing is written"
+
+
 def test_measures_once_then_reads_disk(cache: Path) -> None:
     calls: list[TileConfig] = []
-    assert autotune.choose("k", KEY, CANDIDATES, counting_bench(calls)) == CANDIDATES[1]
+    with autotune.tuning(progress=False, rounds=1):
+        assert autotune.choose("k", KEY, CANDIDATES, counting_bench(calls), problem=PROBLEM) == CANDIDATES[1]
     assert calls == CANDIDATES
-    path = autotune.cache_path("k", KEY)
-    assert path.parent == cache and path.exists()
-    entry = json.loads(path.read_text())
+    path = autotune.cache_file("test")
+    assert path == cache / "tiles-test.json"
+    (entry,) = autotune.read_cache_file(path).values()
     assert entry["config"]["block_m"] == 128 and len(entry["timings_ms"]) == 3
+    assert entry["problem"] == {"m": 333, "n": 21, "k": 61, "groups": 1, "operand_bytes": 4, "precision": "tf32"}
 
     set_cache_dir(cache)  # drops the in-memory choices: the next lookup must come from disk
-    calls.clear()
-    assert autotune.choose("k", KEY, CANDIDATES, counting_bench(calls)) == CANDIDATES[1]
-    assert calls == []
+    with autotune.tuning(progress=False):
+        assert autotune.choose("k", KEY, CANDIDATES, no_bench) == CANDIDATES[1]
+    set_cache_dir(cache)
+    assert autotune.choose("k", KEY, CANDIDATES, no_bench) == CANDIDATES[1], "untuned calls use measured choices"
 
 
-def test_corrupt_entry_is_ignored_and_rewritten(cache: Path) -> None:
-    path = autotune.cache_path("k", KEY)
+def test_rounds_keep_each_candidates_best_time(cache: Path) -> None:
+    seen: dict[TileConfig, int] = {}
+
+    def noisy(config: TileConfig) -> float:  # candidate 0 is slow on its first measurement only
+        seen[config] = seen.get(config, 0) + 1
+        return (
+            5.0 if config == CANDIDATES[0] and seen[config] == 1 else {0: 0.1, 1: 0.3, 2: 0.2}[CANDIDATES.index(config)]
+        )
+
+    with autotune.tuning(progress=False, rounds=3):
+        assert autotune.choose("k", KEY, CANDIDATES, noisy) == CANDIDATES[0]
+    assert seen == dict.fromkeys(CANDIDATES, 3)
+
+
+def test_corrupt_file_is_ignored_and_rewritten(cache: Path) -> None:
+    path = autotune.cache_file("test")
     path.write_text("{not json")
     calls: list[TileConfig] = []
-    assert autotune.choose("k", KEY, CANDIDATES, counting_bench(calls)) == CANDIDATES[1]
+    with pytest.warns(UserWarning, match="unreadable"), autotune.tuning(progress=False, rounds=1):
+        assert autotune.choose("k", KEY, CANDIDATES, counting_bench(calls)) == CANDIDATES[1]
     assert calls == CANDIDATES
-    assert json.loads(path.read_text())["config"]["block_m"] == 128
+    (entry,) = json.loads(path.read_text())["entries"].values()
+    assert entry["config"]["block_m"] == 128
 
 
 def test_entry_for_another_key_is_not_trusted(cache: Path) -> None:
     other = {**KEY, "m": 34}
-    autotune.choose("k", other, CANDIDATES, counting_bench([]))
-    path, other_path = autotune.cache_path("k", KEY), autotune.cache_path("k", other)
-    path.write_text(other_path.read_text())  # a file under the wrong name (hash collision, copy)
+    with autotune.tuning(progress=False, rounds=1):
+        autotune.choose("k", other, CANDIDATES, counting_bench([]))
+    path = autotune.cache_file("test")
+    data = json.loads(path.read_text())
+    (other_entry,) = data["entries"].values()
+    candidates = [tuple(c.__dict__.values()) for c in CANDIDATES]
+    this_id = autotune._entry_id(autotune._key_text("k", {**KEY, "candidates": candidates}))
+    data["entries"][this_id] = other_entry  # another key's choice under this key's id (a bad copy)
+    path.write_text(json.dumps(data))
+    set_cache_dir(cache)
     calls: list[TileConfig] = []
-    autotune.choose("k", KEY, CANDIDATES, counting_bench(calls))
+    with autotune.tuning(progress=False, rounds=1):
+        autotune.choose("k", KEY, CANDIDATES, counting_bench(calls))
     assert calls == CANDIDATES
 
 
@@ -71,20 +113,120 @@ def test_failing_candidates_are_skipped(cache: Path) -> None:
             raise RuntimeError("out of resources: shared memory")
         return TIMES[config]
 
-    assert autotune.choose("k", KEY, CANDIDATES, bench) == CANDIDATES[2]
+    with autotune.tuning(progress=False):
+        assert autotune.choose("k", KEY, CANDIDATES, bench) == CANDIDATES[2]
 
     def all_fail(config: TileConfig) -> float:
         raise RuntimeError("out of resources")
 
-    with pytest.raises(RuntimeError, match="every tile candidate failed"):
+    with pytest.raises(RuntimeError, match="every tile candidate failed"), autotune.tuning(progress=False):
         autotune.choose("k", {**KEY, "m": 1}, CANDIDATES, all_fail)
 
 
-def test_env_dir_and_disabled_tuning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_env_overrides_the_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache: Path) -> None:
     set_cache_dir(None)
     monkeypatch.setenv("FUSER_CACHE_DIR", str(tmp_path / "env"))
     assert autotune.cache_dir() == tmp_path / "env"
     monkeypatch.setenv("FUSER_AUTOTUNE", "0")
+    with autotune.tuning(progress=False):
+        assert not autotune.tuning_enabled()
+        assert autotune.choose("k", {**KEY, "m": 2}, CANDIDATES, no_bench) == CANDIDATES[0]
+    monkeypatch.setenv("FUSER_AUTOTUNE", "1")
     calls: list[TileConfig] = []
-    assert autotune.choose("k", {**KEY, "m": 2}, CANDIDATES, counting_bench(calls)) == CANDIDATES[0]
-    assert calls == []
+    assert autotune.choose("k", {**KEY, "m": 3}, CANDIDATES, counting_bench(calls)) == CANDIDATES[1]
+    assert len(calls) == 2 * len(CANDIDATES)  # the default two rounds
+    with autotune.tuning(False):
+        assert autotune.tuning_enabled(), "FUSER_AUTOTUNE=1 measures even where the call says not to"
+
+
+def test_tuning_measures_what_was_planned_untuned(cache: Path) -> None:
+    plans = {"some plan": object()}
+    autotune.register_plan_cache(plans)
+    assert autotune.choose("k", KEY, CANDIDATES, no_bench) == CANDIDATES[0]
+    calls: list[TileConfig] = []
+    with autotune.tuning(progress=False, rounds=1):
+        assert not plans, "plans holding an untuned choice are rebuilt"
+        assert autotune.choose("k", KEY, CANDIDATES, counting_bench(calls)) == CANDIDATES[1]
+    assert calls == CANDIDATES
+    with autotune.tuning(progress=False, rounds=1):
+        assert autotune.choose("k", KEY, CANDIDATES, no_bench) == CANDIDATES[1]
+    with autotune.tuning(False):
+        assert not autotune.tuning_enabled()
+        assert autotune.choose("k", {**KEY, "m": 7}, CANDIDATES, no_bench) == CANDIDATES[0]
+
+
+def test_progress_line(cache: Path) -> None:
+    stream = io.StringIO()
+    with autotune.tuning(progress=autotune.Progress(stream), rounds=1) as progress:
+        autotune.choose("gemm_act", KEY, CANDIDATES, counting_bench([]), problem=PROBLEM)
+        autotune.choose("gemm_act", KEY, CANDIDATES, no_bench, problem=PROBLEM)  # in memory: not counted
+        set_cache_dir(cache)
+        autotune.choose("gemm_act", KEY, CANDIDATES, no_bench, problem=PROBLEM)  # from the disk cache
+    progress.close()
+    text = stream.getvalue()
+    assert "shape 1 gemm_act 333x21x61: 128x64x32 w4 s3 0.5000 ms (3 candidates)" in text
+    assert "1 shapes measured (3 candidates), 1 from the cache" in text
+
+
+def test_device_is_folded_into_the_key_and_selects_the_table(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class FakeCuda:
+        type = "cuda"
+
+    monkeypatch.setattr(autotune, "device_facts", lambda device: ("NVIDIA H200", "sm90", 132) if device else None)
+    monkeypatch.setattr(autotune, "_triton_version", lambda: "3.6.0")
+    monkeypatch.setattr(tile_table, "TABLE_DIR", tmp_path)
+    tile_table.forget_loaded()
+    slow_for_model = next(c for c in CANDIDATES if c != tile_heuristic.pick("gemm_act", CANDIDATES, PROBLEM))
+    table = {
+        "format": 1,
+        "entries": {
+            tile_table.shape_class("gemm_act", PROBLEM): {
+                "ranked": [{"config": {"block_m": 1, "block_n": 1, "block_k": 1}}, {"config": slow_for_model.__dict__}]
+            }
+        },
+    }
+    (tmp_path / "tile_table_sm90.json").write_text(json.dumps(table))
+    try:
+        assert autotune.choose("gemm_act", {"m": 1}, CANDIDATES, no_bench, device=FakeCuda(), problem=PROBLEM) == (
+            slow_for_model
+        ), "the table's best config among the candidates (the first ranked one is not a candidate)"
+        with autotune.tuning(progress=False, rounds=1):
+            autotune.choose("gemm_act", {"m": 1}, CANDIDATES, counting_bench([]), device=FakeCuda())
+        (entry,) = autotune.read_cache_file(cache / "tiles-nvidia-h200.json").values()
+        key = json.loads(entry["key"])
+        assert (key["gpu"], key["arch"], key["triton"]) == ("NVIDIA H200", "sm90", "3.6.0")
+    finally:
+        tile_table.forget_loaded()
+
+
+def test_untuned_choice_does_not_wait_for_a_held_lock(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process holding the cache lock: an untuned call needs no lock, a tuned one gives up
+    writing after the lock timeout and keeps its choice in memory."""
+    monkeypatch.setattr(autotune, "LOCK_TIMEOUT_S", 0.2)
+    path = autotune.cache_file("test")
+    held = filelock.FileLock(str(path) + ".lock")
+    with held:
+        assert autotune.choose("k", KEY, CANDIDATES, no_bench) == CANDIDATES[0]
+        with pytest.warns(UserWarning, match="stayed locked"), autotune.tuning(progress=False, rounds=1):
+            assert autotune.choose("k", {**KEY, "m": 9}, CANDIDATES, counting_bench([])) == CANDIDATES[1]
+    assert not path.exists()
+
+
+def test_should_measure_can_decline_a_measurement(cache: Path) -> None:
+    asked: list[tuple[str, Problem | None]] = []
+
+    def only_big(kernel: str, problem: Problem | None) -> bool:
+        asked.append((kernel, problem))
+        return problem is not None and problem.m > 1000
+
+    calls: list[TileConfig] = []
+    with autotune.tuning(progress=False, rounds=1, should_measure=only_big):
+        small = autotune.choose("gemm_act", KEY, CANDIDATES, no_bench, problem=PROBLEM)
+        autotune.choose(
+            "gemm_act", {**KEY, "m": 5000}, CANDIDATES, counting_bench(calls), problem=Problem(5000, 21, 61)
+        )
+    assert small == tile_heuristic.pick("gemm_act", CANDIDATES, PROBLEM)
+    assert calls == CANDIDATES and len(asked) == 2
+    assert len(autotune.read_cache_file(autotune.cache_file("test"))) == 1, "a declined measurement is not cached"

@@ -1,0 +1,59 @@
+"""The two values tile selection works on: a launch configuration and the problem it is chosen for.
+
+Kept apart from the cache (autotune.py, which re-exports both), the cost model (tile_heuristic.py) and
+the shipped table (tile_table.py) so that each of those imports them without importing the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One launch configuration: the tile shape (constexprs), the compiler's warps and stages, and the
+    number of slices the reduction is split into (``split_k``, 1 = no split; a kernel without a
+    ``SPLIT_K`` parameter only ever lists configs with 1)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+    split_k: int = 1
+
+    def constexprs(self) -> dict[str, int]:
+        """The tile's kernel parameters (a launcher passes those its kernel declares; ``split_k`` is the
+        launcher's to pass, since a split also changes the grid and adds a reduction)."""
+        return {
+            "BLOCK_M": self.block_m,
+            "BLOCK_N": self.block_n,
+            "BLOCK_K": self.block_k,
+            "GROUP_M": self.group_m,
+        }
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A kernel launch seen as the GEMM it computes, which is what tile choice depends on.
+
+    ``m`` output rows (pixels for convolutions), ``n`` output columns per group (channels), ``k`` the
+    reduction per output (``c_in_g * kh * kw`` for an implicit-GEMM or direct conv, the filter taps
+    ``kh * kw`` for a depthwise conv), ``groups`` independent problems of that size side by side,
+    ``operand_bytes`` the size of one operand element as the kernel loads it, and ``precision`` the
+    dot's policy (``Precision.value``: "tf32", "tf32x3", "ieee", "fp16", "bf16").
+    """
+
+    m: int
+    n: int
+    k: int
+    groups: int = 1
+    operand_bytes: int = 4
+    precision: str = "tf32"
+
+    def __post_init__(self) -> None:
+        for name in ("m", "n", "k", "groups", "operand_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < (1 if name in ("groups", "operand_bytes") else 0):
+                raise ValueError(f"Problem.{name} must be an int >= 0 (groups, operand_bytes >= 1), got {value!r}")
