@@ -153,8 +153,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-"""The ``fuser`` command line: ``fuser explain MODEL``, ``fuser optimize MODEL -o OUT``, ``fuser verify MODEL``
-and ``fuser tune MODEL``.
+def _verify(model: Any, inputs: tuple[torch.Tensor, ...], args: argparse.Namespace) -> int:
+    """Exit status 0 when the optimized model is within the budget, 1 when not."""
+    import fuser
+
+    optimized = fuser.optimize(model, inputs, precision=args.precision, backend=args.backend)
+    original = model
+    if not isinstance(model, torch.nn.Module):  # an ONNX file: its graph as imported, before fusion
+        from fuser.onnx.importer import import_onnx
+
+        original = import_onnx(model)
+    result = fuser.verify(original, optimized, inputs, budget=args.budget)
+    print(json.dumps(result.to_dict(), indent=2) if args.json else result)
+    if args.plot is not None:
+        print(f"\nwrote {result.plot(args.plot)}")
+    return 0 if result.ok else 1
+
+
+
+def _tune(args: argparse.Namespace) -> int:
+    """``optimize(..., tune=True)`` on the model's example inputs: every launch signature they reach is
+    measured (progress on stderr) and cached, so later ``optimize`` calls of those shapes measure nothing."""
+    import fuser
+    from fuser.kernels import autotune
+
+    if not str(args.device).startswith("cuda"):
+        raise SystemExit(f"fuser tune: measuring tile configurations needs a CUDA GPU, but --device is {args.device}")
+    if args.backend not in ("auto", "triton", "measured"):
+        raise SystemExit(f"fuser tune: --backend {args.backend} runs no compiled kernels, so there is nothing to tune")
+    if args.cache_dir is not None:
+        autotune.set_cache_dir(args.cache_dir)
+    model, inputs = _load(args.model, args.input_shape, args.device)
+    optimized = fuser.optimize(model, inputs, precision=args.precision, backend=args.backend, tune=True)
+    print(f"{len(optimized.fusion_report.fused)} fused layers; tile choices cached in {autotune.cache_dir()}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import triton
 from triton import knobs
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
