@@ -170,7 +170,6 @@ def _verify(model: Any, inputs: tuple[torch.Tensor, ...], args: argparse.Namespa
     return 0 if result.ok else 1
 
 
-
 def _tune(args: argparse.Namespace) -> int:
     """``optimize(..., tune=True)`` on the model's example inputs: every launch signature they reach is
     measured (progress on stderr) and cached, so later ``optimize`` calls of those shapes measure nothing."""
