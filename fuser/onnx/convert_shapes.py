@@ -180,7 +180,10 @@ def reshape(ctx: NodeContext) -> Any:
         for i, item in enumerate(items):
             if not isinstance(item, fx.Node) and item == 0:
                 items[i] = ctx.size(x, i)
-    return ctx.call(torch.reshape, x, tuple(items))
+    result = ctx.call(torch.reshape, x, tuple(items))
+    if isinstance(result, fx.Node):
+        ctx.builder.note_dims(result, tuple(items))
+    return result
 
 
 @converter("Flatten", versions=(1, 9, 11, 13, 21, 23, 24, 25))

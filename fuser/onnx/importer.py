@@ -157,6 +157,7 @@ def _build(proto: onnx.ModelProto, opsets: dict[str, int], source: str) -> fx.Gr
     for value in graph.input:
         if value.name not in builder.values:
             builder.values[value.name] = builder.placeholder(value.name)
+            builder.note_static_shape(builder.values[value.name], value.name)
     used = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
 
     for node in graph.node:
@@ -182,6 +183,8 @@ def _build(proto: onnx.ModelProto, opsets: dict[str, int], source: str) -> fx.Gr
             builder.values[name] = results[j]
             if isinstance(results[j], torch.Tensor):
                 builder.name_constant(results[j], name)
+            elif isinstance(results[j], fx.Node):
+                builder.note_static_shape(results[j], name)
 
     outputs = [builder.as_node(builder.values[o.name], o.name) for o in graph.output]
     module = builder.finish(outputs, class_name="OnnxGraphModule")
