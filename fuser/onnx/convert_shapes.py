@@ -1,9 +1,10 @@
 """Converters for shapes and data movement: Shape, Gather, GatherElements, GatherND, Concat, Split, Slice,
 Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Expand, Constant, ConstantOfShape, Range.
 
-Shape yields a :class:`~fuser.onnx.shape_values.ShapeValue` of ``x.size(i)`` nodes, never the sizes
-seen at import time, and the others work on such vectors entry by entry, so a reshape to
-``(batch, -1)`` stays ``torch.reshape(x, (x.size(0), -1))`` and the batch stays dynamic.
+Shape yields a :class:`~fuser.onnx.shape_values.ShapeValue` of ``x.size(i)`` nodes for the batch and the
+dims the file leaves symbolic (numbers for the dims it fixes, see ``GraphBuilder.size``), and the others
+work on such vectors entry by entry, so a reshape to ``(batch, -1)`` stays
+``torch.reshape(x, (x.size(0), -1))`` and the batch stays dynamic.
 """
 
 from __future__ import annotations

@@ -13,8 +13,10 @@ The steps, in order, each failing with an error that names the file and the prob
 5. build the graph: one placeholder per graph input in order, initializers as buffers of the root read
    through get_attr, each node through its converter, outputs as a tensor or a tuple.
 
-The batch dimension stays dynamic: sizes are read at run time (``x.size(0)``), never taken from the
-shapes seen at import time. The caller's ModelProto is not modified.
+The batch dimension stays dynamic: it is read at run time (``x.size(0)``), never taken from the shapes
+seen at import time. Dims the file fixes (``[N, 3, 640, 640]`` fixes every feature map's height and width)
+are numbers, so shape arithmetic over them folds at import time; dims it leaves symbolic are read at run
+time. The caller's ModelProto is not modified.
 """
 
 from __future__ import annotations
