@@ -131,6 +131,8 @@ class GraphBuilder:
         self._nonnegative: set[fx.Node] = set()
         self._buffers: dict[int, tuple[torch.Tensor, fx.Node]] = {}
         self._sizes: dict[tuple[fx.Node, int], fx.Node] = {}
+        self._static_shapes: dict[fx.Node, list[int | None]] = {}
+        self._known_dims: dict[fx.Node, tuple[Item | None, ...]] = {}
         self._attr_names: set[str] = set()
         self._constant_names: dict[int, tuple[torch.Tensor, str]] = {}
         self._placeholders: list[fx.Node] = []
@@ -226,8 +228,32 @@ class GraphBuilder:
         )
         return self._create(kind, target, gargs, gkwargs)
 
-    def size(self, x: fx.Node, dim: int) -> fx.Node:
-        """``x.size(dim)``, once per (x, dim); known to be non-negative."""
+    def note_static_shape(self, node: fx.Node, onnx_name: str) -> None:
+        """Remember the dims shape inference found for the ONNX value ``node`` computes (see :meth:`size`)."""
+        dims = self.static_shape_of(onnx_name)
+        if dims is not None and node not in self._static_shapes:
+            self._static_shapes[node] = dims
+
+    def note_dims(self, node: fx.Node, dims: tuple[Item, ...]) -> None:
+        """Record that ``node`` has exactly ``dims`` (a reshape's target): :meth:`size` answers from them
+        instead of reading the size back at run time. Entries that may be -1 (inferred) are ignored."""
+        self._known_dims[node] = tuple(d if self.is_nonnegative(d) else None for d in dims)
+
+    def size(self, x: fx.Node, dim: int) -> Item:
+        """``x.size(dim)``: the number when shape inference knows it and ``dim`` is not 0, else a run-time
+        ``x.size(dim)`` node, once per (x, dim), known to be non-negative.
+
+        A dim the model fixes (``[N, 3, 640, 640]`` makes every feature map's height a number) is the
+        same at every valid input, so shape arithmetic over it folds at import time and leaves nothing to
+        compute, or to export, at run time. Dim 0 is the batch of nearly every tensor and stays dynamic
+        even where the file fixes it: a file exported at batch 1 still runs at any batch.
+        """
+        dims = self._static_shapes.get(x)
+        if dim > 0 and dims is not None and dim < len(dims) and dims[dim] is not None:
+            return int(dims[dim])
+        known = self._known_dims.get(x, ())
+        if dim < len(known) and known[dim] is not None:
+            return known[dim]
         key = (x, dim)
         if key not in self._sizes:
             node = self._create("call_method", "size", (x, dim), {})

@@ -1,9 +1,10 @@
 """Converters for shapes and data movement: Shape, Gather, GatherElements, GatherND, Concat, Split, Slice,
 Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Expand, Constant, ConstantOfShape, Range.
 
-Shape yields a :class:`~fuser.onnx.shape_values.ShapeValue` of ``x.size(i)`` nodes, never the sizes
-seen at import time, and the others work on such vectors entry by entry, so a reshape to
-``(batch, -1)`` stays ``torch.reshape(x, (x.size(0), -1))`` and the batch stays dynamic.
+Shape yields a :class:`~fuser.onnx.shape_values.ShapeValue` of ``x.size(i)`` nodes for the batch and the
+dims the file leaves symbolic (numbers for the dims it fixes, see ``GraphBuilder.size``), and the others
+work on such vectors entry by entry, so a reshape to ``(batch, -1)`` stays
+``torch.reshape(x, (x.size(0), -1))`` and the batch stays dynamic.
 """
 
 from __future__ import annotations
@@ -180,7 +181,10 @@ def reshape(ctx: NodeContext) -> Any:
         for i, item in enumerate(items):
             if not isinstance(item, fx.Node) and item == 0:
                 items[i] = ctx.size(x, i)
-    return ctx.call(torch.reshape, x, tuple(items))
+    result = ctx.call(torch.reshape, x, tuple(items))
+    if isinstance(result, fx.Node):
+        ctx.builder.note_dims(result, tuple(items))
+    return result
 
 
 @converter("Flatten", versions=(1, 9, 11, 13, 21, 23, 24, 25))

@@ -13,8 +13,10 @@ The steps, in order, each failing with an error that names the file and the prob
 5. build the graph: one placeholder per graph input in order, initializers as buffers of the root read
    through get_attr, each node through its converter, outputs as a tensor or a tuple.
 
-The batch dimension stays dynamic: sizes are read at run time (``x.size(0)``), never taken from the
-shapes seen at import time. The caller's ModelProto is not modified.
+The batch dimension stays dynamic: it is read at run time (``x.size(0)``), never taken from the shapes
+seen at import time. Dims the file fixes (``[N, 3, 640, 640]`` fixes every feature map's height and width)
+are numbers, so shape arithmetic over them folds at import time; dims it leaves symbolic are read at run
+time. The caller's ModelProto is not modified.
 """
 
 from __future__ import annotations
@@ -157,6 +159,7 @@ def _build(proto: onnx.ModelProto, opsets: dict[str, int], source: str) -> fx.Gr
     for value in graph.input:
         if value.name not in builder.values:
             builder.values[value.name] = builder.placeholder(value.name)
+            builder.note_static_shape(builder.values[value.name], value.name)
     used = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
 
     for node in graph.node:
@@ -182,6 +185,8 @@ def _build(proto: onnx.ModelProto, opsets: dict[str, int], source: str) -> fx.Gr
             builder.values[name] = results[j]
             if isinstance(results[j], torch.Tensor):
                 builder.name_constant(results[j], name)
+            elif isinstance(results[j], fx.Node):
+                builder.note_static_shape(results[j], name)
 
     outputs = [builder.as_node(builder.values[o.name], o.name) for o in graph.output]
     module = builder.finish(outputs, class_name="OnnxGraphModule")

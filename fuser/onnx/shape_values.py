@@ -119,6 +119,8 @@ class ItemOps:
         of a GraphModule), the builtins max/min on traced sizes do not."""
         if not isinstance(a, fx.Node) and not isinstance(b, fx.Node):
             return max(a, b)
+        if a is b:
+            return a
         spread = self.emit(operator.abs, (self.emit(operator.sub, (a, b)),))
         return self.emit(operator.floordiv, (self.emit(operator.add, (self.emit(operator.add, (a, b)), spread)), 2))
 
@@ -126,6 +128,8 @@ class ItemOps:
         """min(a, b) as (a + b - |a - b|) // 2 for run-time entries (see :meth:`maximum`)."""
         if not isinstance(a, fx.Node) and not isinstance(b, fx.Node):
             return min(a, b)
+        if a is b:
+            return a
         spread = self.emit(operator.abs, (self.emit(operator.sub, (a, b)),))
         return self.emit(operator.floordiv, (self.emit(operator.sub, (self.emit(operator.add, (a, b)), spread)), 2))
 

@@ -149,3 +149,25 @@ def test_dynamo_export_imports_and_matches_onnxruntime(name: str, tmp_path: Path
     with torch.no_grad():
         out = module(x_run)
     assert_like_onnxruntime(out, path, x_run, name, f"{name} dynamo export")
+
+
+@pytest.mark.parametrize("name", ["yolov8n", "vit_tiny", "bert_tiny"])
+def test_optimized_export_is_no_larger_than_its_input(name: str, tmp_path: Path) -> None:
+    """ONNX in, optimize, ONNX out: the file written has at most as many nodes as the one read. Shape
+    arithmetic over the fixed sizes (the detector's anchor grids and strides, attention's head reshapes)
+    folds at import time instead of being re-expanded into Shape/Gather/Concat chains; the output still
+    matches onnxruntime on the input file at another batch size. (The CNN classifiers have no shape
+    arithmetic: their exports are Conv chains of the same length either way.)"""
+    size, kwargs, opset = MODELS[name]
+    model = build(name, **kwargs)
+    x = example_input(name, batch=EXPORT_BATCH, size=size)
+    source = tmp_path / f"{name}.onnx"
+    axes = {"x": {0: "N"}}
+    torch.onnx.export(model, (x,), source, input_names=["x"], dynamic_axes=axes, opset_version=opset, dynamo=False)
+    optimized = fuser.optimize(source, precision="ieee", backend="torch")
+    path = export_onnx(optimized, (x,), tmp_path / "optimized.onnx")
+    nodes_in, nodes_out = len(onnx.load(source).graph.node), len(onnx.load(path).graph.node)
+    assert nodes_out <= nodes_in, f"{name}: the optimized export has {nodes_out} nodes, its input {nodes_in}"
+    x_run = example_input(name, batch=RUN_BATCH, size=size, seed=1)
+    (got,) = run_ort(str(path), {"input_0": x_run.numpy()})
+    assert_like_onnxruntime(torch.from_numpy(np.asarray(got)), source, x_run, name, f"{name} optimized export")

@@ -3,6 +3,8 @@ batch size at run time (each graph runs at two batch sizes)."""
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 import onnx
 import pytest
@@ -499,3 +501,78 @@ def test_constant_sliced_by_a_run_time_size_pickles() -> None:
     model = make_model(nodes, [info("x", ["N", "M", 5])], [info("y", None)], inits, opset=13)
     module = check_import(model, "buffer sliced at run time")
     assert_survives_pickling(module, random_feeds(model, 3))
+
+
+# -- sizes the file fixes fold at import time ---------------------------------------------------------
+
+
+def anchor_grid_model(dims: list) -> onnx.ModelProto:
+    """A detector's anchor grid from a feature map's size (Shape -> Gather -> Range -> Expand), scaled by
+    the batch-dynamic input: what shape arithmetic on fixed dims looks like in a YOLO head."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "three"], ["w"], axis=0),
+        helper.make_node("Cast", ["w"], ["wf"], to=TensorProto.FLOAT),
+        helper.make_node("Range", ["zero", "wf", "one"], ["r"]),
+        helper.make_node("Add", ["r", "half"], ["centres"]),
+        helper.make_node("Expand", ["centres", "s"], ["grid"]),
+        helper.make_node("Mul", ["x", "grid"], ["y"]),
+    ]
+    inits = [
+        const("three", np.int64(3)),
+        const("zero", np.float32(0.0)),
+        const("one", np.float32(1.0)),
+        const("half", np.float32(0.5)),
+    ]
+    return make_model(nodes, [info("x", dims)], [info("y", None)], inits, opset=13)
+
+
+def input_size_reads(module: torch.fx.GraphModule) -> list[int]:
+    """The dims of graph inputs read at run time, sorted."""
+    reads = [n for n in module.graph.nodes if n.op == "call_method" and n.target == "size"]
+    return sorted(n.args[1] for n in reads if n.args[0].op == "placeholder")
+
+
+def test_shape_arithmetic_on_fixed_dims_folds() -> None:
+    """Width 7 is fixed by the file: the grid is a constant made at import time, no arange runs and only
+    the batch is read at run time (the Expand to the input's shape needs it)."""
+    module = check_import(anchor_grid_model(["N", 6, 5, 7]), "fixed-size anchor grid")
+    assert torch.arange not in call_targets(module)
+    assert input_size_reads(module) == [0]
+
+
+def test_shape_arithmetic_on_symbolic_dims_stays_at_run_time() -> None:
+    model = anchor_grid_model(["N", 6, 5, "W"])
+    module = check_import(model, "dynamic-width anchor grid")
+    assert torch.arange in call_targets(module)
+    assert input_size_reads(module) == [0, 3]
+
+
+def test_a_file_fixed_at_batch_1_still_runs_at_any_batch() -> None:
+    """Dim 0 is read at run time even where the file fixes it: batch 1 matches onnxruntime, batch 3 (which
+    onnxruntime refuses for this file) gives the same rows as three batch-1 runs."""
+    model = anchor_grid_model([1, 6, 5, 7])
+    module = import_onnx(model)
+    x = np.random.default_rng(0).standard_normal((3, 6, 5, 7)).astype(np.float32)
+    rows = [run_ort(model, {"x": x[i : i + 1]})[0] for i in range(3)]
+    (got,) = run_module(module, {"x": x})
+    assert_outputs_match([got], [np.concatenate(rows)], "batch 3 of a batch-1 file")
+
+
+def test_a_reshape_target_answers_later_size_reads() -> None:
+    """Expand of a reshaped tensor to sizes read from the reshape's input: the reshape's own dims are
+    those sizes, so no max(a, b) arithmetic (abs, floordiv) is emitted for a == b."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "dims"], ["nh"], axis=0),
+        helper.make_node("Concat", ["nh", "last"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["r"]),
+        helper.make_node("Expand", ["r", "target"], ["y"]),
+    ]
+    inits = [const("dims", [0, 2]), const("last", [42])]
+    model = make_model(nodes, [info("x", ["N", 6, "H", 7])], [info("y", ["N", "H", 42])], inits, opset=13)
+    # ONNX's inference gives up on a reshape to run-time sizes; exporters write its type, as here.
+    model.graph.value_info.append(info("r", ["N", "H", 42]))
+    module = check_import(model, "Expand of a reshape")
+    assert operator.abs not in call_targets(module)
+    assert input_size_reads(module) == [0, 2]
