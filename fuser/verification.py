@@ -350,8 +350,8 @@ def _graph_modules(optimized: nn.Module) -> dict[str, tuple[str, fx.GraphModule]
     for path, module in root.named_modules():
         forward = module.__dict__.get("forward")
         gm = getattr(forward, "__self__", None)
-        if path and isinstance(gm, fx.GraphModule):
-            child = next(n for n, m in module.named_children() if m is gm)
+        child = next((n for n, m in module.named_children() if m is gm), None)
+        if path and isinstance(gm, fx.GraphModule) and child is not None:
             found[path] = (f"{prefix}{path}.{child}.", gm)
     return found
 
