@@ -184,7 +184,7 @@ class VerifyResult:
         ax.set_yscale("log")
         ax.set_xlabel("fused layer (execution order)")
         ax.set_ylabel("relative error vs float64 original")
-        ax.set_title(title or f"fuser.verify: error per fused layer (output {self.rel_error:.1e})")
+        ax.set_title(title or f"fuser.verify: error per fused layer (output {self.rel_error:.1e})", fontsize=9)
         ax.legend(loc="upper left")
         fig.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)

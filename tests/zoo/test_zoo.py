@@ -84,7 +84,18 @@ def _numel(module: nn.Module) -> int:
 
 @functools.cache
 def _evaluate(name: str) -> dict[str, Any]:
-    """Build, optimize and check one zoo model; the figures and, per check, None (passed) or what failed."""
+    """Build, optimize and check one zoo model on one thread (at batch 1-2 and these sizes two threads
+    contend more than they share: on a busy 2-core machine a model took 25x longer)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _checks(name)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _checks(name: str) -> dict[str, Any]:
+    """The figures of one zoo model and, per check, None (passed) or what failed."""
     zoo: ZooModel = next(z for z in ZOO if z.name == name)
     model, x = zoo.build(), zoo.example_input()
     ran: list[str] = []
