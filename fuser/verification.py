@@ -184,7 +184,7 @@ class VerifyResult:
         ax.set_yscale("log")
         ax.set_xlabel("fused layer (execution order)")
         ax.set_ylabel("relative error vs float64 original")
-        ax.set_title(title or f"fuser.verify: error per fused layer (output {self.rel_error:.1e})")
+        ax.set_title(title or f"fuser.verify: error per fused layer (output {self.rel_error:.1e})", fontsize=9)
         ax.legend(loc="upper left")
         fig.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -350,8 +350,8 @@ def _graph_modules(optimized: nn.Module) -> dict[str, tuple[str, fx.GraphModule]
     for path, module in root.named_modules():
         forward = module.__dict__.get("forward")
         gm = getattr(forward, "__self__", None)
-        if path and isinstance(gm, fx.GraphModule):
-            child = next(n for n, m in module.named_children() if m is gm)
+        child = next((n for n, m in module.named_children() if m is gm), None)
+        if path and isinstance(gm, fx.GraphModule) and child is not None:
             found[path] = (f"{prefix}{path}.{child}.", gm)
     return found
 

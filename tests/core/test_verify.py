@@ -154,8 +154,13 @@ def test_yolo_style_boxes_are_decoded_and_matched_by_class_and_iou():
 
 
 def test_torchvision_style_detections_are_matched():
-    ref = [{"boxes": torch.tensor([[0.0, 0, 10, 10], [20, 20, 30, 35]]), "labels": torch.tensor([3, 1]),
-            "scores": torch.tensor([0.9, 0.8])}]  # fmt: skip
+    ref = [
+        {
+            "boxes": torch.tensor([[0.0, 0, 10, 10], [20, 20, 30, 35]]),
+            "labels": torch.tensor([3, 1]),
+            "scores": torch.tensor([0.9, 0.8]),
+        }
+    ]
     shifted = [{"boxes": ref[0]["boxes"] + 1, "labels": torch.tensor([3, 2]), "scores": torch.tensor([0.9, 0.8])}]
     assert box_agreement(shifted, ref) == pytest.approx(0.5)
     assert detections(torch.randn(3, 5)) is None
