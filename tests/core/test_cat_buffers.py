@@ -5,6 +5,8 @@ kernels on a GPU; every C2f cat of the YOLOv8n replica."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import onnx
 import onnxruntime as ort
 import pytest
@@ -14,6 +16,7 @@ from accuracy import assert_close, reference64
 from torch import nn
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch._dynamo.utils import counters
+from torch.utils._python_dispatch import TorchDispatchMode
 from toy_models import seeded
 
 import fuser
@@ -234,6 +237,44 @@ def test_fused_conv_writes_into_out_and_ignores_an_out_that_does_not_fit() -> No
         y = conv(x, out=wrong)
         assert y.data_ptr() != wrong.data_ptr()
         assert_close(y, ref, "ieee", "out ignored")
+
+
+class OpLog(TorchDispatchMode):
+    """Counts the aten ops run inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(
+    ("c_in", "k", "groups"),
+    [(3, 3, 1), (19, 3, 1), (7, 3, 1), (19, 1, 1), (6, 3, 6)],
+    ids=["direct", "channel_blocks", "flat_k", "gemm_1x1", "depthwise"],
+)
+def test_kernels_read_a_channel_slice_without_a_copy(c_in: int, k: int, groups: int) -> None:
+    """A slot of a cat buffer as a conv's input: every kernel path reads it where it lies. The aten ops of
+    the call are those of a call on a dense NHWC input (the interpreter's own host copies included)."""
+    c_out = 6 if groups > 1 else 5
+    w, b = torch.randn(c_out, c_in // groups, k, k) / (c_in * k), torch.randn(c_out)
+    conv = FusedConv2d(w, b, stride=(1, 1), padding=(k // 2,) * 4, dilation=(1, 1), groups=groups,
+                       epilogue=Epilogue(Activation.SILU), precision="ieee", backend="interpret")  # fmt: skip
+    dense = torch.randn(2, 9, 11, c_in).permute(0, 3, 1, 2)
+    sliced = torch.randn(2, 9, 11, c_in + 7).permute(0, 3, 1, 2)[:, 4 : 4 + c_in]
+    logged = []
+    for x in (dense, sliced):
+        with torch.no_grad():
+            conv(x)  # builds the call
+            with OpLog() as log:
+                y = conv(x)
+        logged.append(log.ops)
+        ref = torch.nn.functional.conv2d(x.double(), w.double(), b.double(), padding=k // 2, groups=groups)
+        assert_close(y, torch.nn.functional.silu(ref), "ieee", f"x strides {x.stride()}")
+    assert logged[0] == logged[1]
 
 
 def test_torch_compile_is_one_frame_and_equal() -> None:
