@@ -22,6 +22,7 @@ from torch import nn
 from fuser import ops
 from fuser.canonicalize import canonicalize
 from fuser.capture import Capture, CapturedGraph, UntracedModule, capture, install, propagate_shapes
+from fuser.cat_buffers import eliminate_cats
 from fuser.chain import Chain
 from fuser.cuda_graphs import GraphReplay
 from fuser.graph_ops import CONV_ARGS, CONV_DEFAULTS, bind, constant_tensor
@@ -258,6 +259,7 @@ def _run_pipeline(
             entries = [ChainReport.from_chain(c, True, kernel=_kernel_for(c, graph.gm)) for c in result.accepted]
             entries += [ChainReport.from_chain(r.chain, False, reason=r.reason) for r in result.rejected]
             rewritten = rewrite and (rewrite_chains(graph.gm, result.accepted, policy, backend) or rewrites)
+            rewrites += eliminate_cats(graph.gm) if rewritten else []
         except Exception as error:  # never fail the user's model over one graph: leave it as it was
             if strict():
                 raise

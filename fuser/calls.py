@@ -19,7 +19,7 @@ from fuser.kernels.epilogue import Epilogue
 from fuser.kernels.precision import Precision
 from fuser.references import conv2d_reference, gemm_reference
 
-Call = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
+Call = Callable[..., torch.Tensor]  # call(x, residual) or, for a call built with an ``out``, call(x, residual, out)
 
 
 def _as_output(y: torch.Tensor, dtype: torch.dtype, memory_format: torch.memory_format) -> torch.Tensor:
@@ -38,13 +38,15 @@ def _pick(
     signature: Callable[[], tuple],
     x: torch.Tensor,
     residual: torch.Tensor | None,
+    out: torch.Tensor | None = None,
 ) -> Call:
     """The call a resolved ``backend`` runs: the library where no kernel covers the call, under "measured"
     whichever of the two path_choice finds faster for ``signature()``, otherwise the kernel."""
     if kernel is None:
         return library
     if backend == "measured":
-        chosen = path_choice.choose(signature(), lambda: kernel(x, residual), lambda: library(x, residual))
+        args = (x, residual) if out is None else (x, residual, out)
+        chosen = path_choice.choose(signature(), lambda: kernel(*args), lambda: library(*args))
         return library if chosen == path_choice.LIBRARY else kernel
     return kernel
 
@@ -59,22 +61,46 @@ def conv2d_call(
     epilogue: Epilogue,
     precision: Precision,
     backend: str,
+    out: torch.Tensor | None = None,
 ) -> Call:
-    """``call(x, residual)`` computing ``fuser::conv2d_act`` for every call shaped like this one."""
+    """``call(x, residual)`` computing ``fuser::conv2d_act`` for every call shaped like this one.
+
+    With an example ``out`` (a tensor of the output's shape, dtype and device, channels contiguous and
+    pixels as rows of one stride: a channel slice of a channels_last buffer) the call is
+    ``call(x, residual, out)`` and writes its result into ``out`` and returns it; an ``out`` that does not
+    fit is ignored (the call returns a new tensor), so a caller must use what the call returns. ``out``
+    must not overlap ``x`` or ``residual``."""
+    if out is not None and not _fits_output(out, x, weight, geometry):
+        fresh = conv2d_call(x, weight, bias, residual, packed_weight, geometry, epilogue, precision, backend)
+        return lambda x, residual, out=None: fresh(x, residual)
     chosen = resolve_backend(backend, x.device)
     memory_format = conv_output_memory_format(x, backend)
 
-    def library(x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    def library(x: torch.Tensor, residual: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
         y = conv2d_reference(x, weight, bias, residual, geometry, epilogue, precision)
-        return _as_output(y, x.dtype, memory_format)
+        return _as_output(y, x.dtype, memory_format) if out is None else out.copy_(y)
 
     if chosen == "torch":
         return library
     kernel = kernel_dispatch.conv2d(
-        x, weight, bias, residual, packed_weight, geometry, epilogue, precision, interpret=chosen == "interpret"
-    )
+        x, weight, bias, residual, packed_weight, geometry, epilogue, precision, interpret=chosen == "interpret",
+        out=out,
+    )  # fmt: skip
     extra = ("conv2d", geometry, epilogue, precision.value)
-    return _pick(chosen, kernel, library, lambda: path_choice.signature(x, weight, residual, extra=extra), x, residual)
+    signature = lambda: path_choice.signature(x, weight, residual, extra=extra)
+    return _pick(chosen, kernel, library, signature, x, residual, out)
+
+
+def _fits_output(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, geometry: ConvGeometry) -> bool:
+    """Whether the conv of ``x`` can be written into ``out``: its shape, dtype and device, unit channel
+    stride and the pixels as rows of one stride (NHWC order)."""
+    if type(out) is not torch.Tensor or x.dim() != 4 or out.dtype != x.dtype or out.device != x.device:
+        return False
+    oh, ow = geometry.output_size(x.shape[2:], weight.shape[2:])
+    if tuple(out.shape) != (x.shape[0], weight.shape[0], oh, ow):
+        return False
+    row = out.stride(3)
+    return out.stride(1) == 1 and row >= out.shape[1] and out.stride(2) == ow * row and out.stride(0) == oh * ow * row
 
 
 def gemm_call(

@@ -101,7 +101,7 @@ class _FusedBase(nn.Module):
     def _make_op_args(self) -> tuple:
         raise NotImplementedError
 
-    def _make_call(self, x: torch.Tensor, residual: torch.Tensor | None) -> Call:
+    def _make_call(self, x: torch.Tensor, residual: torch.Tensor | None, out: torch.Tensor | None = None) -> Call:
         raise NotImplementedError
 
     def _reference(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
@@ -143,8 +143,11 @@ class _FusedBase(nn.Module):
     def _op_inputs(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple:
         return (x, self.weight, self.bias, residual, self.packed, *self._op_args)
 
-    def _eager(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor | None:
-        """The op run directly, without the custom op's dispatch, or None where the custom op must run."""
+    def _eager(
+        self, x: torch.Tensor, residual: torch.Tensor | None, out: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        """The op run directly, without the custom op's dispatch, or None where the custom op must run.
+        ``out`` (FusedConv2d) is where the result may be stored; the returned tensor is the result."""
         if is_decomposed():
             return self._reference(x, residual)
         if type(x) is not torch.Tensor or torch.jit.is_tracing():
@@ -153,6 +156,8 @@ class _FusedBase(nn.Module):
             return None  # the custom op's autograd formula says that fuser is for inference; a direct call would not
         if residual is not None and type(residual) is not torch.Tensor:
             return None
+        if out is not None and type(out) is not torch.Tensor:
+            out = None
         buffers = self._buffers  # not self.weight: nn.Module.__getattr__ costs microseconds per access
         weight, bias = buffers["weight"], buffers["bias"]
         key = (
@@ -162,6 +167,7 @@ class _FusedBase(nn.Module):
             x.device,
             x.data_ptr() % 16,
             None if residual is None else (residual.shape, residual.stride(), residual.dtype, residual.data_ptr() % 16),
+            None if out is None else (out.shape, out.stride(), out.dtype, out.device, out.data_ptr() % 16),
             weight.data_ptr(),
             weight._version,
             None if bias is None else bias.data_ptr(),
@@ -172,13 +178,13 @@ class _FusedBase(nn.Module):
             if self.__dict__["_packed_from"] != (weight.data_ptr(), weight._version):
                 self._renew()  # the weight was replaced or written in place since it was packed
                 calls = self.__dict__["_calls"]
-            call = self._make_call(x, residual)
-            if x.is_cuda and torch.cuda.is_current_stream_capturing():
-                return call(x, residual)  # a choice made during CUDA-graph capture is provisional
-            if len(calls) >= _MAX_CALLS:
-                calls.clear()
-            calls[key] = call
-        return call(x, residual)
+            call = self._make_call(x, residual, out)
+            # a choice made during CUDA-graph capture is provisional: not kept
+            if not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+                if len(calls) >= _MAX_CALLS:
+                    calls.clear()
+                calls[key] = call
+        return call(x, residual) if out is None else call(x, residual, out)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -242,21 +248,27 @@ class FusedConv2d(_FusedBase):
     def _make_op_args(self) -> tuple:
         return ops.conv2d_op_args(self.geometry, self.epilogue, self.kernel_precision, self.backend)
 
-    def _make_call(self, x: torch.Tensor, residual: torch.Tensor | None) -> Call:
+    def _make_call(self, x: torch.Tensor, residual: torch.Tensor | None, out: torch.Tensor | None = None) -> Call:
         b = self._buffers
         return calls.conv2d_call(
             x, b["weight"], b["bias"], residual, b["packed"], self.geometry, self.epilogue, self.kernel_precision,
-            self.backend,
+            self.backend, out,
         )  # fmt: skip
 
     def _reference(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         return conv2d_reference(x, self.weight, self.bias, residual, self.geometry, self.epilogue)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The fused conv of ``x``. ``out`` (optional: a channel slice of a channels_last buffer, see
+        fuser.cat_buffers) is where an eager call stores its result and what it then returns; under
+        torch.compile, exporters, tracers and for inputs that need gradients it is ignored and the result is
+        a new tensor, so a caller must use the returned tensor, never rely on ``out`` being written."""
         if not torch.compiler.is_compiling():
-            out = self._eager(x, residual)
-            if out is not None:
-                return out
+            y = self._eager(x, residual, out)
+            if y is not None:
+                return y
         return torch.ops.fuser.conv2d_act(x, self.weight, self.bias, residual, self.packed, *self._op_args)
 
     def extra_repr(self) -> str:
@@ -292,7 +304,7 @@ class FusedLinear(_FusedBase):
     def _make_op_args(self) -> tuple:
         return ops.gemm_op_args(self.epilogue, self.kernel_precision, self.backend)
 
-    def _make_call(self, x: torch.Tensor, residual: torch.Tensor | None) -> Call:
+    def _make_call(self, x: torch.Tensor, residual: torch.Tensor | None, out: torch.Tensor | None = None) -> Call:
         b = self._buffers
         return calls.gemm_call(
             x, b["weight"], b["bias"], residual, b["packed"], self.epilogue, self.kernel_precision, self.backend

@@ -65,7 +65,7 @@ def _residual_fits(residual: torch.Tensor | None, out_shape: Sequence[int]) -> b
         return False
 
 
-Call = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
+Call = Callable[..., torch.Tensor]
 
 
 def conv2d(
@@ -79,8 +79,10 @@ def conv2d(
     precision: Precision,
     *,
     interpret: bool,
+    out: torch.Tensor | None = None,
 ) -> Call | None:
-    """``call(x, residual)`` running the kernel for every call shaped like this one, or None."""
+    """``call(x, residual)`` running the kernel for every call shaped like this one, or None; with an
+    example ``out``, ``call(x, residual, out)`` storing into every ``out`` shaped and strided like it."""
     from fuser import kernels
 
     groups = geometry.groups
@@ -106,8 +108,11 @@ def conv2d(
         dilation=geometry.dilation,
         epilogue=epilogue,
         residual=residual,
+        out=out,
         interpret=interpret,
     )
+    if out is not None:  # the plan stores with out's strides: it is only ever called with an out like it
+        return lambda x, residual, out: plan(x, packed, bias, residual, out)
     return lambda x, residual: plan(x, packed, bias, residual)
 
 
