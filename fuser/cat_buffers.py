@@ -28,7 +28,7 @@ import torch.fx as fx
 
 from fuser.backends import KERNEL_DTYPES, is_decomposed, uses_kernels
 from fuser.fused_modules import FusedConv2d
-from fuser.pool_pyramid import CAT_TARGETS
+from fuser.graph_ops import cat_operands
 from fuser.report import GraphRewrite
 
 SPLITS = {"split", "chunk", torch.split, torch.chunk}
@@ -227,16 +227,6 @@ def _escapes(node: fx.Node, modules: dict[str, Any], returned_ok: bool = False) 
     return None
 
 
-def _cat_operands(node: fx.Node) -> tuple[list[Any], Any] | None:
-    if node.op != "call_function" or node.target not in CAT_TARGETS:
-        return None
-    tensors = node.args[0] if node.args else node.kwargs.get("tensors")
-    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-    if not isinstance(tensors, (list, tuple)) or len(node.args) + len(node.kwargs) > 2:
-        return None
-    return list(tensors), dim
-
-
 def _producers_in_place(parts: list[_Part]) -> dict[fx.Node, int]:
     """Each fused conv whose whole output lies in the concatenation, in order and once: its channel offset
     there. A producer of which only some pieces are concatenated, or not next to each other, is copied in."""
@@ -357,7 +347,7 @@ def eliminate_cats(gm: fx.GraphModule) -> list[GraphRewrite]:
     claimed: set[fx.Node] = set()
     found = []
     for node in list(gm.graph.nodes):
-        operands = _cat_operands(node)
+        operands = cat_operands(node)
         if operands is None:
             continue
         tensors, dim = operands

@@ -33,6 +33,7 @@ CANONICAL_ACTIVATION: dict[Activation, Any] = {row.act: row.call for row in ACTI
 ADD_TARGETS = {operator.add, torch.add}
 MUL_TARGETS = {operator.mul, torch.mul}
 DIV_TARGETS = {operator.truediv, torch.div}
+CAT_TARGETS = {torch.cat, torch.concat, torch.concatenate}
 
 # Activation-like ops that no epilogue implements: a chain that ends in one says so in the report.
 UNSUPPORTED_ACTIVATIONS: dict[Any, str] = {
@@ -172,3 +173,15 @@ def constant_tensor(gm: fx.GraphModule, value: Any) -> torch.Tensor | None:
         if isinstance(obj, torch.Tensor):
             return obj
     return None
+
+
+def cat_operands(node: fx.Node) -> tuple[list[Any], Any] | None:
+    """``(tensors, dim)`` of a plain ``torch.cat(tensors, dim)`` node; None for any other node, and for a
+    cat with further arguments (``out=``), which a rewrite must not drop."""
+    if node.op != "call_function" or node.target not in CAT_TARGETS:
+        return None
+    tensors = node.args[0] if node.args else node.kwargs.get("tensors")
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    if not isinstance(tensors, (list, tuple)) or len(node.args) + len(node.kwargs) > 2:
+        return None
+    return list(tensors), dim

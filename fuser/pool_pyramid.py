@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from fuser import ops
+from fuser.graph_ops import cat_operands
 from fuser.report import GraphRewrite
 
-CAT_TARGETS = {torch.cat, torch.concat, torch.concatenate}
 MAX_POOL_FUNCTIONS = {F.max_pool2d, torch.max_pool2d}
 MAX_SLICES = 4  # the kernel's limit; SPPF and SPP have four slices
 _MAX_PLANS = 8
@@ -143,16 +143,6 @@ def _window_of(node: Any, modules: dict[str, nn.Module]) -> tuple[fx.Node, int, 
             return None
 
 
-def _cat_parts(node: fx.Node) -> tuple[list[Any], int] | None:
-    if node.op != "call_function" or node.target not in CAT_TARGETS:
-        return None
-    tensors = node.args[0] if node.args else node.kwargs.get("tensors")
-    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-    if not isinstance(tensors, (list, tuple)) or not isinstance(dim, int):
-        return None
-    return list(tensors), dim
-
-
 def _rank(node: fx.Node) -> int | None:
     meta = node.meta.get("tensor_meta")
     return len(meta.shape) if meta is not None and hasattr(meta, "shape") else None
@@ -168,8 +158,8 @@ def fuse_pool_pyramids(gm: fx.GraphModule, backend: str = "auto") -> list[GraphR
     modules = dict(gm.named_modules())
     found: list[GraphRewrite] = []
     for node in list(gm.graph.nodes):
-        parts = _cat_parts(node)
-        if parts is None:
+        parts = cat_operands(node)
+        if parts is None or not isinstance(parts[1], int):
             continue
         tensors, dim = parts
         windows = [_window_of(t, modules) for t in tensors]
