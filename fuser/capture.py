@@ -21,6 +21,8 @@ import torch.fx as fx
 from torch import nn
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
+from fuser.graph_ops import unused_name
+
 
 @dataclass(frozen=True)
 class UntracedModule:
@@ -267,9 +269,7 @@ def install(capture: Capture, graph: CapturedGraph, optimized: fx.GraphModule) -
     if graph.path == "":
         return optimized
     module = graph.module
-    name, i = "fused_graph", 1
-    while hasattr(module, name):
-        name, i = f"fused_graph_{i}", i + 1
+    name = unused_name(module, "fused_graph")
     # What the graph reads it holds itself (the same tensors and submodules); the module's own parameters,
     # buffers and children are dead weight once the graph is its forward (the replaced convs and BNs).
     for dead in [*module._parameters, *module._buffers, *module._modules]:

@@ -185,3 +185,11 @@ def cat_operands(node: fx.Node) -> tuple[list[Any], Any] | None:
     if not isinstance(tensors, (list, tuple)) or len(node.args) + len(node.kwargs) > 2:
         return None
     return list(tensors), dim
+
+
+def unused_name(owner: nn.Module, stem: str) -> str:
+    """``stem``, or ``stem_1``, ``stem_2``, ...: the first that is not an attribute of ``owner`` yet."""
+    name, i = stem, 1
+    while hasattr(owner, name):
+        name, i = f"{stem}_{i}", i + 1
+    return name

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fuser import ops
-from fuser.graph_ops import cat_operands
+from fuser.graph_ops import cat_operands, unused_name
 from fuser.report import GraphRewrite
 
 MAX_POOL_FUNCTIONS = {F.max_pool2d, torch.max_pool2d}
@@ -175,9 +175,7 @@ def fuse_pool_pyramids(gm: fx.GraphModule, backend: str = "auto") -> list[GraphR
             continue
         pools = list(dict.fromkeys(p for w in windows for p in w[2]))
         source = str(node.meta.get("source_module", node.name))
-        name, i = "fused_pool_pyramid", 1
-        while hasattr(gm, name):
-            name, i = f"fused_pool_pyramid_{i}", i + 1
+        name = unused_name(gm, "fused_pool_pyramid")
         gm.add_submodule(name, FusedPoolPyramid(radii, dim, backend, source))
         with gm.graph.inserting_before(node):
             fused = gm.graph.call_module(name, (base,))

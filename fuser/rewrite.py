@@ -24,6 +24,7 @@ from fuser.graph_ops import (
     LINEAR_DEFAULTS,
     bind,
     constant_tensor,
+    unused_name,
 )
 from fuser.kernels.precision import Precision
 from fuser.ops import conv_padding
@@ -82,10 +83,7 @@ def _batchnorm_params(node: fx.Node, gm: fx.GraphModule) -> BatchNormParams:
 
 def _free_name(gm: fx.GraphModule, source: str) -> str:
     stem = "fused_" + (re.sub(r"[^0-9a-zA-Z_]", "_", source).strip("_") or "chain")
-    name, i = stem, 1
-    while hasattr(gm, name):
-        name, i = f"{stem}_{i}", i + 1
-    return name
+    return unused_name(gm, stem)
 
 
 def rewrite_chains(gm: fx.GraphModule, chains: list[Chain], precision: Precision, backend: str) -> list[str]:
