@@ -17,7 +17,7 @@ import triton.language as tl
 
 from .autotune import Problem, TileConfig
 from .epilogue import Epilogue
-from .launch import KernelCall, cdiv, choose_tile
+from .launch import KernelCall, alignment_unit, cdiv, choose_tile
 from .tiles import decode_rows, epilogue_tile, row_offsets, store_tile
 
 
@@ -30,10 +30,10 @@ def _depthwise_act_kernel(
     bias_ptr,
     res_ptr,
     out_ptr,
-    # sizes
+    # sizes; C_V is C / VEC
     H,
     W,
-    C,
+    C_V,
     OH,
     OW,
     M,
@@ -44,16 +44,17 @@ def _depthwise_act_kernel(
     pad_left,
     dil_h,
     dil_w,
-    # strides (elements); w is [KH * KW, C], out is [M, C] with row stride stride_om
-    sx_n,
-    sx_h,
-    sx_w,
+    # strides (elements); w is [KH * KW, C], out is [M, C] with row stride VEC * stride_om_v; x's
+    # pixel strides are VEC * sx_*_v (VEC > 1 only where its channel stride sx_c is 1)
+    sx_n_v,
+    sx_h_v,
+    sx_w_v,
     sx_c,
     sr_n,
     sr_c,
     sr_h,
     sr_w,
-    stride_om,
+    stride_om_v,
     # epilogue scalars
     alpha,
     scale,
@@ -64,9 +65,18 @@ def _depthwise_act_kernel(
     ACT: tl.constexpr,
     RESIDUAL: tl.constexpr,
     HAS_SCALE: tl.constexpr,
+    VEC: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
+    # A size or stride passed as a multiple of the constexpr VEC tells the compiler that channel runs
+    # of VEC elements are aligned, so loads and stores are vectorized when C is, say, 72 or 120: Triton
+    # itself only specializes integers divisible by 16, and without this such layers ran 4-8x slower.
+    C = C_V * VEC
+    sx_n = sx_n_v * VEC
+    sx_h = sx_h_v * VEC
+    sx_w = sx_w_v * VEC
+    stride_om = stride_om_v * VEC
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_c = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = offs_m < M
@@ -133,12 +143,15 @@ def prepare_depthwise(
     _, oh, ow, _ = out.shape
     m = n * oh * ow
     res_strides = res4.stride() if res4 is not None else (0, 0, 0, 0)
+    # Aligned channel runs only for NHWC input; the output is NHWC (rows of out.stride(2)) always.
+    aligned = (c, x.stride(0), x.stride(2), x.stride(3), out.stride(2)) if x.stride(1) == 1 else (1,)
+    vec = alignment_unit(x.element_size(), aligned)
     scalars = (
-        h, wd, c, oh, ow, m,
+        h, wd, c // vec, oh, ow, m,
         stride[0], stride[1], padding[0], padding[2], dilation[0], dilation[1],
-        x.stride(0), x.stride(2), x.stride(3), x.stride(1),
+        x.stride(0) // vec, x.stride(2) // vec, x.stride(3) // vec, x.stride(1),
         *res_strides,
-        out.stride(2),
+        out.stride(2) // vec,
         float(epilogue.alpha), float(epilogue.scale),
     )  # fmt: skip
     constexprs = {
@@ -148,6 +161,7 @@ def prepare_depthwise(
         "ACT": int(epilogue.act),
         "RESIDUAL": int(epilogue.residual),
         "HAS_SCALE": epilogue.scale != 1.0,
+        "VEC": vec,
     }
     call = KernelCall(_depthwise_act_kernel, scalars, constexprs, interpret)
 

@@ -38,6 +38,9 @@ GEOMETRIES = [
     ConvCase("grouped_direct_multiplier", 3, 8, 12, (13, 11), 3, padding=(1, 1, 1, 1), groups=4),
     ConvCase("depthwise_c19_b3", 3, 19, 19, (13, 13), 3, padding=(1, 1, 1, 1), groups=19),
     ConvCase("depthwise_s2_dil2", 1, 5, 5, (21, 19), 3, stride=2, padding=(2, 2, 2, 2), dilation=2, groups=5),
+    # 12 and 6 channels: NHWC strides are multiples of 4 and 2, so the kernel receives them as such (VEC).
+    ConvCase("depthwise_c12_k5_s2", 2, 12, 12, (11, 9), 5, stride=2, padding=(2, 2, 2, 2), groups=12),
+    ConvCase("depthwise_c6_b3", 3, 6, 6, (9, 7), 3, padding=(1, 1, 1, 1), groups=6),
 ]
 BY_NAME = {case.name: case for case in GEOMETRIES}
 KERNEL_PATHS = [
@@ -300,3 +303,25 @@ def test_anisotropic_geometry_through_the_rewrite(c_in: int, groups: int, geomet
     with torch.no_grad():
         out = opt(x)
     assert_close(out, reference64(model, x), "ieee", f"{geometry} c_in={c_in}")
+
+
+@pytest.mark.parametrize(
+    ("element_size", "values", "expected"),
+    [(4, (72, 4032, 225792), 4), (4, (6, 42), 2), (4, (19, 76), 1), (2, (72, 4032), 8), (2, (12, 36), 4)],
+)
+def test_alignment_unit_is_the_largest_common_vector(element_size: int, values: tuple[int, ...], expected: int) -> None:
+    from fuser.kernels.launch import alignment_unit
+
+    assert alignment_unit(element_size, values) == expected
+
+
+def test_depthwise_reads_a_channel_slice_input_at_its_own_alignment() -> None:
+    """An NHWC input whose pixel stride (14) is not a multiple of its channel count's unit (12 -> 4): the
+    kernel must fall back to the common divisor, not the channel count's."""
+    case = ConvCase("depthwise_c12_slice", 2, 12, 12, (9, 7), 3, padding=(1, 1, 1, 1), groups=12)
+    x, w, b, _ = conv_inputs(case, SILU, torch.float32, channels_last=True)
+    wide = torch.randn(2, 9, 7, 14).permute(0, 3, 1, 2)[:, 1:13]  # channels 1..12 of a 14-channel NHWC buffer
+    wide.copy_(x)
+    packed = pack_conv_weight(w, "ieee", groups=12)
+    out = conv2d_act(wide, packed, b, padding=case.padding, epilogue=SILU, interpret=True)
+    assert_close(out, conv_reference(wide, w, b, case, SILU, None), "ieee")

@@ -261,6 +261,7 @@ SWEEP_3X3 = [
     ConvCase("flat_c8_33", 2, 8, 24, (33, 31), 3, padding=(1, 1, 1, 1)),
     ConvCase("stem_c3_97", 2, 3, 16, (97, 95), 3, stride=2, padding=(1, 1, 1, 1)),
     ConvCase("depthwise_96_b1", 1, 96, 96, (15, 15), 3, padding=(1, 1, 1, 1), groups=96),
+    ConvCase("depthwise_72_k5_s2", 1, 72, 72, (29, 27), 5, stride=2, padding=(2, 2, 2, 2), groups=72),
     ConvCase("dil21_c64", 1, 64, 48, (17, 15), 3, padding=(2, 2, 1, 1), dilation=(2, 1)),
 ]
 
