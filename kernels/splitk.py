@@ -34,6 +34,20 @@ PREFER_UNSPLIT_FILL = 0.5  # an unsplit default that keeps this share of the SMs
 # what the split's second launch and its pass over the partials cost (split candidates are measured anyway).
 MIN_STEPS_FOR_DEFAULT_SPLIT = 32
 REDUCE_TILE = TileConfig(32, 64, 1, 1, 4, 1)
+REDUCE_PROGRAMS = 2 * SM_COUNT  # the reduction is latency-bound: aim for about two programs per SM
+
+
+def reduce_tile(m: int, n: int) -> TileConfig:
+    """The reduction's tile: :data:`REDUCE_TILE`, halved (rows to 8, then channels to 32) while the grid
+    has fewer than :data:`REDUCE_PROGRAMS` programs. Each program adds ``SPLIT_K`` partials per element;
+    with 32x64 tiles a 49x512 layer (ResNet-50's 7x7 stage at batch 1) gave 16 programs on 132 SMs."""
+    block_m, block_n = REDUCE_TILE.block_m, REDUCE_TILE.block_n
+    while cdiv(m, block_m) * cdiv(n, block_n) < REDUCE_PROGRAMS and (block_m > 8 or block_n > 32):
+        if block_m > 8:
+            block_m //= 2
+        else:
+            block_n //= 2
+    return TileConfig(block_m, block_n, 1, 1, max(1, min(4, block_m * block_n // 256)), 1)
 
 
 @triton.jit(do_not_specialize=["M", "OH", "OW"])
@@ -114,8 +128,9 @@ class SplitReduce:
             "HAS_SCALE": epilogue.scale != 1.0,
         }
         self.call = KernelCall(_split_k_reduce_kernel, scalars, constexprs, interpret)
-        self.options = self.call.options(REDUCE_TILE)
-        self.grid = (cdiv(m, REDUCE_TILE.block_m), cdiv(n, REDUCE_TILE.block_n))
+        tile = reduce_tile(m, n)
+        self.options = self.call.options(tile)
+        self.grid = (cdiv(m, tile.block_m), cdiv(n, tile.block_n))
 
     def __call__(self, main: Callable[[torch.Tensor], Any], bias32: Any, res: Any, out2: torch.Tensor) -> Any:
         # Per call, not per plan: a plan shared by two streams (or a CUDA graph and eager calls) must not

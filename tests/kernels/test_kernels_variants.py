@@ -230,3 +230,18 @@ def test_conv_kernel_rules() -> None:
     assert conv_kernel(8, 12, 4, (3, 3)) == ConvKernel.DIRECT  # 2 channels per group
     assert conv_kernel(19, 7, 1, (1, 1), padding="same") == ConvKernel.GEMM_1X1
     assert not ConvKernel.DIRECT.tensor_cores and ConvKernel.GEMM_1X1.tensor_cores
+
+
+@pytest.mark.parametrize(("m", "n"), [(49, 512), (49, 2048), (6400, 256), (1, 24), (196, 1024)])
+def test_split_reduce_tile_fills_the_card_on_small_outputs(m: int, n: int) -> None:
+    """Two programs per SM where the output allows it, the smallest tile where it does not, and the
+    default tile on outputs that fill the card with it."""
+    from fuser.kernels.splitk import REDUCE_PROGRAMS, REDUCE_TILE, reduce_tile
+
+    programs = lambda t: -(-m // t.block_m) * -(-n // t.block_n)
+    tile = reduce_tile(m, n)
+    if programs(REDUCE_TILE) >= REDUCE_PROGRAMS:
+        assert tile == REDUCE_TILE
+    else:
+        assert programs(tile) >= REDUCE_PROGRAMS or (tile.block_m, tile.block_n) == (8, 32)
+        assert tile.block_m * tile.block_n >= 256 or tile.num_warps == 1
