@@ -65,7 +65,8 @@ def time_ms(fn: Callable[[], Any], device: torch.device, calls: int = 50, repeat
 
 
 def profile_forward(fn: Callable[[], Any], device: torch.device, top: int = 5) -> dict[str, Any]:
-    """Kernels of one ``fn()`` call: count, GPU ms in conv/matmul kernels and in the rest, the largest rest.
+    """Kernels of one ``fn()`` call: count, GPU ms in conv/matmul kernels and in the rest, the largest rest,
+    and ``by_kernel``: every kernel name's launches and GPU ms (which of fuser's kernels the time is in).
 
     On the CPU: outermost aten ops and their CPU ms instead (``unit`` says which).
     """
@@ -96,10 +97,19 @@ def profile_forward(fn: Callable[[], Any], device: torch.device, top: int = 5) -
         if not is_conv_or_matmul(name):
             rest[name] = rest.get(name, 0.0) + ms
     largest = sorted(rest.items(), key=lambda kv: -kv[1])[:top]
+    by_kernel: dict[str, list[float]] = {}
+    for name, ms in durations:
+        entry = by_kernel.setdefault(name[:120], [0, 0.0])
+        entry[0] += 1
+        entry[1] += ms
     return {
         "unit": unit,
         "count": len(durations),
         "conv_ms": conv,
         "other_ms": sum(rest.values()),
         "other_largest": {name[:120]: ms for name, ms in largest},
+        "by_kernel": {
+            name: {"launches": int(n), "ms": ms}
+            for name, (n, ms) in sorted(by_kernel.items(), key=lambda kv: -kv[1][1])
+        },
     }
