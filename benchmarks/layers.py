@@ -89,7 +89,7 @@ def bench_ms(fn) -> float:
     import triton.testing
 
     try:
-        return float(triton.testing.do_bench_cudagraph(fn, rep=40, return_mode="median"))
+        return float(triton.testing.do_bench_cudagraph(fn, rep=10, return_mode="median"))  # 10 replays of 10 ms
     except RuntimeError:
         return float(triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median"))
 
