@@ -18,7 +18,7 @@ import torch.fx as fx
 
 from fuser.canonicalize import activation_calls, activation_forms, gemm_forms, layers
 from fuser.canonicalize.driver import Context, Rule, run_rules
-from fuser.passthrough import PASSTHROUGH_RULES
+from fuser.canonicalize.passthrough import PASSTHROUGH_RULES
 
 # Ordered: layer modules first (so activation rules see fresh producers), then GEMM forms, single-call
 # activations, and the written-out forms built on the canonical single calls.

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from fuser.canonicalize.driver import Context, Rule, erase_if_dead, get_attr, replace
 from fuser.graph_ops import bind, constant_tensor
-from fuser.tree_patterns import OpFamily, Var, add, matches, op
+from fuser.match.tree_patterns import OpFamily, Var, add, matches, op
 
 
 def _register_constant(ctx: Context, base: str, value: torch.Tensor) -> str:

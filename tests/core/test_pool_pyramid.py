@@ -13,7 +13,7 @@ from torch import nn
 
 import fuser
 from fuser.kernels.pool import max_pool_pyramid
-from fuser.pool_pyramid import FusedPoolPyramid
+from fuser.rewrite.pool_pyramid import FusedPoolPyramid
 
 SPPF_RADII = (0, 2, 4, 6)
 

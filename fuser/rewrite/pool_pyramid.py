@@ -19,8 +19,8 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-from fuser import ops
 from fuser.graph_ops import cat_operands, unused_name
+from fuser.lower import ops
 from fuser.report import GraphRewrite
 
 MAX_POOL_FUNCTIONS = {F.max_pool2d, torch.max_pool2d}
