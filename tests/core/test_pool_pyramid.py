@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from accuracy import assert_close, randomize_batchnorm, reference64
+from jit_binds import count_jit_binds
 from torch import nn
 
 import fuser
@@ -218,19 +219,10 @@ def test_compiled_kernel_matches_torch(shape, dtype: torch.dtype) -> None:
 def test_direct_launch_matches_jit_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     """After a plan's first call the pyramid launches its compiled kernel directly (kernels/launch.py,
     LaunchOptions): later calls must not bind their arguments again and must give the first call's result."""
-    from triton.runtime.jit import JITFunction
-
     from fuser.kernels import launch as launch_module
     from fuser.kernels.pool import max_pool_pyramid_plan
 
-    binds = []
-    real_run = JITFunction.run
-
-    def counting_run(self, *args, **kwargs):
-        binds.append(self.fn.__name__)
-        return real_run(self, *args, **kwargs)
-
-    monkeypatch.setattr(JITFunction, "run", counting_run)
+    binds = count_jit_binds(monkeypatch)
     x = torch.randn(3, 19, 13, 11, device="cuda").contiguous(memory_format=torch.channels_last)
     plan = max_pool_pyramid_plan(x, SPPF_RADII)
     first = plan(x)
