@@ -10,7 +10,7 @@ EfficientNet-B0 and MobileNetV3-Large, timm and fuser.models ones; random weight
 randomized, channels_last; batch 1 in float32 (precision tf32, TF32 allowed for cuDNN/cuBLAS too) and
 batch 32 in float16. Variants, each a model as the user would call it:
 
-- "eager"; "eager+cuda_graphs" (the eager model recorded once and replayed, fuser.cuda_graphs.GraphReplay)
+- "eager"; "eager+cuda_graphs" (the eager model recorded once and replayed, fuser.runtime.cuda_graphs.GraphReplay)
 - "torch.compile reduce-overhead" (freezing on: cuDNN convs, Inductor's kernels, CUDA graphs)
 - "fuser" and "fuser+cuda_graphs": ``fuser.optimize(model, (x,), cuda_graphs=False / True)``
 - "fuser->torch.compile reduce-overhead": ``torch.compile(fuser.optimize(model, (x,), cuda_graphs=False),
@@ -220,7 +220,7 @@ class Row:
         return self._plain
 
     def build_variants(self, labels: list[str]) -> None:
-        from fuser.cuda_graphs import GraphReplay
+        from fuser.runtime.cuda_graphs import GraphReplay
 
         steps = {
             "eager": lambda: self.model,

@@ -1,4 +1,4 @@
-"""How the benchmarks time a forward and profile its kernels (ANCHORS.md's method), on CUDA and on the CPU.
+"""How the benchmarks time a forward and profile its kernels, on CUDA and on the CPU.
 
 Timing: ``calls`` back-to-back calls between two CUDA events (perf_counter on the CPU), divided by
 ``calls``; the median of ``repeats`` such runs. A forward is timed as the caller gets it, CUDA-graph

@@ -9,7 +9,7 @@ Each row (:class:`ActivationSpec`) says, for one :class:`Activation`:
 - ``modules``, ``functions``, ``methods``: the one-call forms users write, each with a reader that returns
   ``(alpha, in_place)`` or None when the call's arguments make it something else (``clamp(0, 5)``);
 - ``written_out``: the forms spelled over several calls (``x * sigmoid(x)``, the erf GELU), as tree patterns
-  (fuser.tree_patterns), each a canonicalization rule with a name and a one-line description;
+  (fuser.match.tree_patterns), each a canonicalization rule with a name and a one-line description;
 - ``onnx_in``: the ONNX ops imported as this activation (fuser.onnx.convert_activations), ``onnx_out``: the ops
   torch's ONNX exporter writes for it, from which opset;
 - ``triton``: the ``@triton.jit`` function of fuser.kernels.epilogue that computes it, selected in
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fuser.tree_patterns import (
+from fuser.match.tree_patterns import (
     ERF,
     SOFTPLUS,
     OpFamily,

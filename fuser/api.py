@@ -19,20 +19,20 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from fuser import ops
 from fuser.canonicalize import canonicalize
-from fuser.capture import Capture, CapturedGraph, UntracedModule, capture, install, propagate_shapes
-from fuser.cat_buffers import eliminate_cats
-from fuser.chain import Chain
-from fuser.cuda_graphs import GraphReplay
+from fuser.capture.tracing import Capture, CapturedGraph, UntracedModule, capture, install, propagate_shapes
 from fuser.graph_ops import CONV_ARGS, CONV_DEFAULTS, bind, constant_tensor
 from fuser.kernels import autotune
 from fuser.kernels.precision import Precision
-from fuser.matcher import find_chains
-from fuser.pool_pyramid import fuse_pool_pyramids
-from fuser.precision import torch_precision
+from fuser.lower import ops
+from fuser.match.chain import Chain
+from fuser.match.matcher import find_chains
 from fuser.report import ChainReport, FusionReport
-from fuser.rewrite import rewrite_chains
+from fuser.rewrite.cat_buffers import eliminate_cats
+from fuser.rewrite.chains import rewrite_chains
+from fuser.rewrite.pool_pyramid import fuse_pool_pyramids
+from fuser.runtime.cuda_graphs import GraphReplay
+from fuser.runtime.torch_precision import torch_precision
 
 ModelLike = nn.Module | str | os.PathLike
 
@@ -124,7 +124,7 @@ def optimize(
         inplace: allow ``model`` itself to be used and changed instead of a copy (saves the memory of a copy).
         cuda_graphs: on CUDA inputs under ``torch.no_grad()`` / ``torch.inference_mode()``, record the forward
             as a CUDA graph once per input signature (at most 4 kept, each with its own memory) and replay it
-            (fuser.cuda_graphs): one launch instead of one per kernel, which is what wins at batch 1. A forward
+            (fuser.runtime.cuda_graphs): one launch instead of one per kernel, which is what wins at batch 1. A forward
             that cannot be recorded runs with plain launches after one warning. Off under torch.compile,
             which records its own (mode="reduce-overhead"); ``False`` switches it off.
         tune: measure the tile configurations of every kernel launch instead of taking the default (the
@@ -278,7 +278,7 @@ def _run_pipeline(
 def _kernel_for(chain: Chain, gm: fx.GraphModule) -> str:
     """Which Triton kernel the chain runs on a GPU, for the report."""
     try:
-        from fuser import kernel_dispatch
+        from fuser.lower import kernel_dispatch
     except ImportError:  # no triton on this machine: the reference runs everywhere
         return "torch reference"
     if chain.infos[0].kind == "linear":

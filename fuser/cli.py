@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from fuser.kernels.precision import Precision
-from fuser.ops import BACKENDS
+from fuser.lower.ops import BACKENDS
 
 _ONNX_DTYPES = {
     1: torch.float32,

@@ -16,9 +16,10 @@ from pathlib import Path
 import torch
 
 import fuser
-from fuser import models, path_choice
-from fuser.cuda_graphs import GraphReplay
-from fuser.profiling import count_launches, median_ms
+from fuser import models
+from fuser.lower import path_choice
+from fuser.runtime.cuda_graphs import GraphReplay
+from fuser.runtime.profiling import count_launches, median_ms
 
 
 def _step(text: str) -> None:

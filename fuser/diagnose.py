@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from fuser import ops
-from fuser.fused_modules import FusedConv2d, FusedLinear
+from fuser.lower import ops
+from fuser.lower.fused_modules import FusedConv2d, FusedLinear
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fuser.activations import ACTIVATIONS, Activation
-from fuser.tree_patterns import is_number
+from fuser.match.tree_patterns import is_number
 
 # The canonical call of each activation (what canonicalization writes), from the table of fuser.activations.
 CANONICAL_ACTIVATION: dict[Activation, Any] = {row.act: row.call for row in ACTIVATIONS if row.act != Activation.NONE}

@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fuser.activations import Activation
-from fuser.capture import UntracedModule
-from fuser.chain import Chain
+from fuser.capture.tracing import UntracedModule
 from fuser.epilogue import Epilogue, Residual
+from fuser.match.chain import Chain
 
 
 @dataclass

@@ -358,7 +358,7 @@ def _graph_modules(optimized: nn.Module) -> dict[str, tuple[str, fx.GraphModule]
 
 def _fused_layers(optimized: nn.Module) -> tuple[list[_Fused], list[str]]:
     """The fused modules of ``optimized``, each tied to the chain its fusion report lists for it."""
-    from fuser.fused_modules import FusedConv2d, FusedLinear
+    from fuser.lower.fused_modules import FusedConv2d, FusedLinear
 
     report = getattr(optimized, "fusion_report", None)
     if report is None:
@@ -405,7 +405,7 @@ def _reference_values(
     the node names in the fusion report name the same values here; returns the output and those values."""
     from fuser.api import _capture
     from fuser.canonicalize import canonicalize
-    from fuser.capture import propagate_shapes
+    from fuser.capture.tracing import propagate_shapes
 
     notes: list[str] = []
     store: dict[str, dict[str, list[torch.Tensor]]] = {}
@@ -448,7 +448,7 @@ def _reference_values(
 def _layer_checks(
     layers: list[_Fused], reference: dict[tuple[str, str], list[torch.Tensor]], seen: list[tuple[int, Any, Any]]
 ) -> list[LayerCheck]:
-    from fuser import ops
+    from fuser.lower import ops
 
     calls: dict[int, int] = {}
     checks = []

@@ -20,8 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .interpret import run_interpreted
-from .launch import FLOAT_DTYPES, cdiv
+from .launch import FLOAT_DTYPES, LaunchOptions, cdiv, launch
 
 MAX_SLICES = 4
 
@@ -132,8 +131,10 @@ def _tile(pixels: int, channels: int, channels_last: bool) -> tuple[int, int, in
 def max_pool_pyramid_plan(
     x: torch.Tensor, radii: Sequence[int], *, interpret: bool = False
 ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A call ``run(x) -> out`` for every input shaped like ``x``; ``out[:, i*C:(i+1)*C]`` is the stride-1
-    max pool of ``x`` with a ``(2 r_i + 1)``-square window padded by ``-inf`` (``r_i = 0``: ``x`` itself).
+    """A call ``run(x) -> out`` for every input with ``x``'s shape, strides, dtype, device and 16-byte
+    alignment (its launches after the first call the compiled kernel directly, :class:`LaunchOptions`);
+    ``out[:, i*C:(i+1)*C]`` is the stride-1 max pool of ``x`` with a ``(2 r_i + 1)``-square window padded by
+    ``-inf`` (``r_i = 0``: ``x`` itself).
 
     ``x`` is ``[N, C, H, W]`` on CUDA (``interpret=False``) or on the CPU (``interpret=True``, Triton's
     interpreter); the output keeps ``x``'s memory format (channels_last stays channels_last)."""
@@ -164,14 +165,12 @@ def max_pool_pyramid_plan(
         "BLOCK_M": block_m,
         "BLOCK_C": block_c,
     }
+    options = LaunchOptions({**constexprs, "num_warps": warps, "num_stages": 1})
 
     def run(x: torch.Tensor) -> torch.Tensor:
         out = torch.empty((n, len(radii) * c, h, w), device=x.device, dtype=x.dtype, memory_format=memory_format)
         args: tuple[Any, ...] = (x, out, h, w, c, m, *_nchw_strides(x), *_nchw_strides(out))
-        if interpret:
-            run_interpreted(_max_pool_pyramid_kernel, grid, *args, **constexprs)
-        else:
-            _max_pool_pyramid_kernel[grid](*args, **constexprs, num_warps=warps, num_stages=1)
+        launch(_max_pool_pyramid_kernel, grid, args, options, interpret)
         return out
 
     return run

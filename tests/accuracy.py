@@ -1,8 +1,8 @@
 """Shared accuracy helpers: one tolerance table, a float64 reference, named odd shapes.
 
-Every numerical test compares against a float64 reference by ||out - ref|| / ||ref|| (DESIGN.md's
-tolerance table). NaN never passes. Shapes are odd and unaligned on purpose: power-of-two sizes hide
-masking and indexing bugs.
+Every numerical test compares against a float64 reference by ||out - ref|| / ||ref|| within the
+tolerance table (fuser.verification.TOLERANCE). NaN never passes. Shapes are odd and unaligned on purpose:
+power-of-two sizes hide masking and indexing bugs.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from fuser.models.common import randomize_batchnorm  # noqa: F401  (re-exported for tests)
 from fuser.verification import TOLERANCE
 
-# Odd, unaligned sizes (issue 3's matrix); power-of-two sizes only where a real model has them.
+# Odd, unaligned sizes (the test matrix); power-of-two sizes only where a real model has them.
 CHANNELS = [3, 5, 19]
 IMAGE_SIZES = [(7, 7), (13, 13), (21, 19)]
 GEMM_M = [1, 7, 33]

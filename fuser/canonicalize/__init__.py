@@ -2,6 +2,7 @@
 
 The rules come in families, one module each, and one driver (fuser.canonicalize.driver) applies them:
 
+    passthrough       ops that compute nothing (nn.Identity, inactive dropout, GPT-2's flatten pair) vanish
     layers            nn.Conv2d / eval nn.BatchNorm2d / nn.Linear -> F.conv2d / F.batch_norm / F.linear
     gemm_forms        matmul by a constant, addmm, linear + constant bias -> F.linear
     activation_calls  one-call activation forms (modules, functions, methods, in place) -> canonical call
@@ -16,14 +17,13 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from fuser.canonicalize import activation_calls, activation_forms, gemm_forms, layers
+from fuser.canonicalize import activation_calls, activation_forms, gemm_forms, layers, passthrough
 from fuser.canonicalize.driver import Context, Rule, run_rules
-from fuser.passthrough import PASSTHROUGH_RULES
 
 # Ordered: layer modules first (so activation rules see fresh producers), then GEMM forms, single-call
 # activations, and the written-out forms built on the canonical single calls.
 RULES: list[Rule] = [
-    *(Rule(*rule) for rule in PASSTHROUGH_RULES),  # ops that pass their value through vanish first
+    *passthrough.RULES,  # ops that pass their value through vanish first
     *layers.RULES,
     *gemm_forms.RULES,
     *activation_calls.RULES,

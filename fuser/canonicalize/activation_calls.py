@@ -11,7 +11,7 @@ import torch.fx as fx
 from fuser.activations import module_activation, read_call_form, spec
 from fuser.canonicalize.driver import Context, Rule, make_out_of_place, replace
 from fuser.graph_ops import read_activation
-from fuser.tree_patterns import is_number
+from fuser.match.tree_patterns import is_number
 
 
 def rule_activation_one_call(node: fx.Node, ctx: Context) -> bool:

@@ -8,7 +8,7 @@ from typing import Any
 
 from fuser.activations import ACTIVATIONS, ActivationSpec
 from fuser.canonicalize.driver import Rule, pattern_rule
-from fuser.tree_patterns import Match
+from fuser.match.tree_patterns import Match
 
 
 def _builder(row: ActivationSpec) -> Callable[[Match], tuple[Any, tuple, dict]]:

@@ -1,7 +1,7 @@
 """The one driver of canonicalization: rules are data, applied node by node until none fires.
 
 A :class:`Rule` is a name, a one-line description and a function that rewrites one node and says whether it
-did. A tree-pattern rule (:func:`pattern_rule`) is the same thing made from a pattern of fuser.tree_patterns
+did. A tree-pattern rule (:func:`pattern_rule`) is the same thing made from a pattern of fuser.match.tree_patterns
 and the call that replaces a match. :func:`run_rules` sweeps the graph in order, trying the rules on each
 node, until a sweep changes nothing, so a rule never needs to know about the others; it returns how often
 each rule fired. The helpers here are the only places that edit the graph.
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fuser.graph_ops import ADD_TARGETS, CANONICAL_ACTIVATION, DIV_TARGETS, MUL_TARGETS
-from fuser.tree_patterns import Match, Pattern, match
+from fuser.match.tree_patterns import Match, Pattern, match
 
 
 @dataclass

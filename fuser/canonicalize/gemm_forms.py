@@ -10,18 +10,27 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from fuser.canonicalize.driver import Context, Rule, erase_if_dead, get_attr, replace
-from fuser.graph_ops import bind, constant_tensor
-from fuser.tree_patterns import OpFamily, Var, add, matches, op
+from fuser.graph_ops import bind, constant_tensor, unused_name
+from fuser.match.tree_patterns import OpFamily, Var, add, matches, op
 
 
 def _register_constant(ctx: Context, base: str, value: torch.Tensor) -> str:
     """Register a new constant tensor on the graph module under a free name derived from ``base``."""
-    stem = base.replace(".", "_")
-    name, i = stem, 1
-    while hasattr(ctx.gm, name):
-        name, i = f"{stem}_{i}", i + 1
+    name = unused_name(ctx.gm, base.replace(".", "_"))
     ctx.gm.register_buffer(name, value)
     return name
+
+
+def _linear_by_constant(
+    node: fx.Node, ctx: Context, x: fx.Node, w_node: fx.Node, w: torch.Tensor, bias: fx.Node | None
+) -> bool:
+    """Replace ``node`` (x times the constant ``w`` [K, N], plus ``bias``) by linear(x, W^T, bias), W^T a new
+    buffer; ``w_node`` is erased when nothing else reads it."""
+    name = _register_constant(ctx, f"{w_node.target}_t", w.detach().t().contiguous())
+    replace(node, F.linear, (x, get_attr(ctx, node, name), bias))
+    erase_if_dead(w_node)
+    ctx.refresh_order()
+    return True
 
 
 def rule_matmul_constant_is_linear(node: fx.Node, ctx: Context) -> bool:
@@ -35,11 +44,7 @@ def rule_matmul_constant_is_linear(node: fx.Node, ctx: Context) -> bool:
     w = constant_tensor(ctx.gm, w_node)
     if not isinstance(x, fx.Node) or w is None or w.dim() != 2:
         return False
-    name = _register_constant(ctx, f"{w_node.target}_t", w.detach().t().contiguous())
-    replace(node, F.linear, (x, get_attr(ctx, node, name), None))
-    erase_if_dead(w_node)
-    ctx.refresh_order()
-    return True
+    return _linear_by_constant(node, ctx, x, w_node, w, None)
 
 
 def rule_addmm_is_linear(node: fx.Node, ctx: Context) -> bool:
@@ -50,11 +55,7 @@ def rule_addmm_is_linear(node: fx.Node, ctx: Context) -> bool:
     w = constant_tensor(ctx.gm, w_node)
     if not isinstance(x, fx.Node) or w is None or w.dim() != 2 or constant_tensor(ctx.gm, b_node) is None:
         return False
-    name = _register_constant(ctx, f"{w_node.target}_t", w.detach().t().contiguous())
-    replace(node, F.linear, (x, get_attr(ctx, node, name), b_node))
-    erase_if_dead(w_node)
-    ctx.refresh_order()
-    return True
+    return _linear_by_constant(node, ctx, x, w_node, w, b_node)
 
 
 def _linear_without_bias(node: fx.Node, arity: int) -> tuple | None:

@@ -3,6 +3,9 @@ eval nn.BatchNorm2d -> F.batch_norm, nn.Linear -> F.linear): the forms fuser.gra
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
@@ -10,46 +13,41 @@ from torch import nn
 from fuser.canonicalize.driver import Context, Rule, get_attr, replace
 
 
-def rule_conv_module(node: fx.Node, ctx: Context) -> bool:
-    if node.op != "call_module":
-        return False
+def _module(node: fx.Node, ctx: Context, types: tuple[type[nn.Module], ...]) -> nn.Module | None:
+    """The module a ``call_module`` node calls, when it is exactly one of ``types`` and called on one input."""
+    if node.op != "call_module" or len(node.args) != 1 or node.kwargs:
+        return None
     m = ctx.modules.get(str(node.target))
-    if type(m) is not nn.Conv2d or m.padding_mode != "zeros" or len(node.args) != 1 or node.kwargs:
-        return False
-    w = get_attr(ctx, node, f"{node.target}.weight")
-    b = get_attr(ctx, node, f"{node.target}.bias") if m.bias is not None else None
-    replace(node, F.conv2d, (node.args[0], w, b, m.stride, m.padding, m.dilation, m.groups))
+    return m if type(m) in types else None
+
+
+def _replace_by_call(node: fx.Node, ctx: Context, function: Callable[..., Any], params: list[str], *rest: Any) -> bool:
+    """Replace the module call ``node`` by ``function(x, *its params, *rest)``, each parameter read through a
+    get_attr (None where the module has none, e.g. a conv without bias)."""
+    m = ctx.modules[str(node.target)]
+    attrs = [get_attr(ctx, node, f"{node.target}.{p}") if getattr(m, p) is not None else None for p in params]
+    replace(node, function, (node.args[0], *attrs, *rest))
     ctx.refresh_order()
     return True
+
+
+def rule_conv_module(node: fx.Node, ctx: Context) -> bool:
+    m = _module(node, ctx, (nn.Conv2d,))
+    if m is None or m.padding_mode != "zeros":
+        return False
+    return _replace_by_call(node, ctx, F.conv2d, ["weight", "bias"], m.stride, m.padding, m.dilation, m.groups)
 
 
 def rule_batchnorm_module(node: fx.Node, ctx: Context) -> bool:
-    if node.op != "call_module":
-        return False
-    m = ctx.modules.get(str(node.target))
-    if type(m) not in (nn.BatchNorm2d, nn.SyncBatchNorm) or len(node.args) != 1 or node.kwargs:
-        return False
-    if m.training or m.running_mean is None or m.running_var is None:
+    m = _module(node, ctx, (nn.BatchNorm2d, nn.SyncBatchNorm))
+    if m is None or m.training or m.running_mean is None or m.running_var is None:
         return False  # uses batch statistics: left as is, and reported by the BN guard
-    names = ["running_mean", "running_var"] + (["weight", "bias"] if m.affine else [])
-    attrs = [get_attr(ctx, node, f"{node.target}.{n}") for n in names]
-    weight, bias = (attrs[2], attrs[3]) if m.affine else (None, None)
-    replace(node, F.batch_norm, (node.args[0], attrs[0], attrs[1], weight, bias, False, 0.0, m.eps))
-    ctx.refresh_order()
-    return True
+    params = ["running_mean", "running_var", "weight", "bias"]  # weight and bias are None unless affine
+    return _replace_by_call(node, ctx, F.batch_norm, params, False, 0.0, m.eps)
 
 
 def rule_linear_module(node: fx.Node, ctx: Context) -> bool:
-    if node.op != "call_module":
-        return False
-    m = ctx.modules.get(str(node.target))
-    if type(m) is not nn.Linear or len(node.args) != 1 or node.kwargs:
-        return False
-    w = get_attr(ctx, node, f"{node.target}.weight")
-    b = get_attr(ctx, node, f"{node.target}.bias") if m.bias is not None else None
-    replace(node, F.linear, (node.args[0], w, b))
-    ctx.refresh_order()
-    return True
+    return _module(node, ctx, (nn.Linear,)) is not None and _replace_by_call(node, ctx, F.linear, ["weight", "bias"])
 
 
 RULES: list[Rule] = [

@@ -1,6 +1,6 @@
 """ONNX out: an (optimized) module becomes a standard ONNX file that onnxruntime runs.
 
-Fused modules call ``fuser::`` custom ops that no ONNX runtime knows. Inside ``fuser.ops.decomposed()``
+Fused modules call ``fuser::`` custom ops that no ONNX runtime knows. Inside ``fuser.lower.ops.decomposed()``
 they run their reference code instead (conv with the folded weights and bias, then the activation; a
 linear then its epilogue), so the TorchScript exporter records only standard ops: Conv + activation
 nodes, Gemm or MatMul + Add + activation, and no BatchNormalization for a folded chain.
@@ -55,8 +55,8 @@ def export_onnx(
         raise FileNotFoundError(f"export_onnx: folder {path.parent} does not exist")
     opset = DEFAULT_OPSET if opset is None else int(opset)
 
-    # Imported here: fuser.ops loads the kernels, which a plain ``import fuser.onnx`` should not.
-    from fuser.ops import decomposed
+    # Imported here: fuser.lower.ops loads the kernels, which a plain ``import fuser.onnx`` should not.
+    from fuser.lower.ops import decomposed
 
     with decomposed(), torch.no_grad(), _eval_mode(module):
         outputs = module(*example_inputs)

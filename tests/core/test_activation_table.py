@@ -20,7 +20,7 @@ ROWS = [pytest.param(row, id=row.name) for row in ACTIVATIONS if row.act != Acti
 
 def test_the_graph_side_does_not_load_triton() -> None:
     code = (
-        "import sys, fuser.graph_ops, fuser.canonicalize, fuser.matcher, fuser.report, fuser.activations; "
+        "import sys, fuser.graph_ops, fuser.canonicalize, fuser.match.matcher, fuser.report, fuser.activations; "
         "loaded = [m for m in ('triton', 'fuser.kernels') if m in sys.modules]; "
         "assert not loaded, loaded"
     )

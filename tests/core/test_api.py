@@ -14,7 +14,7 @@ from torch import nn
 from toy_models import ConvBnAct, ConvBnActAdd, Untraceable, seeded
 
 import fuser
-from fuser.fused_modules import FusedConv2d
+from fuser.lower.fused_modules import FusedConv2d
 
 
 def snapshot(model: nn.Module) -> dict:

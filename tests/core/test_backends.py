@@ -13,7 +13,7 @@ from torch import nn
 from toy_models import ConvBiasAct, ConvBnAct, ConvBnActAdd, ConvBnAddAct, LinearAct, Untraceable, seeded
 
 import fuser
-from fuser.fused_modules import FusedConv2d
+from fuser.lower.fused_modules import FusedConv2d
 
 CASES = {
     "conv_bn_silu_add": (lambda: ConvBnActAdd(5), lambda: (torch.randn(2, 5, 9, 7),)),

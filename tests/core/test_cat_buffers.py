@@ -1,4 +1,4 @@
-"""Concatenation elimination (fuser.cat_buffers): fused convs store into the channel slices of the buffer a
+"""Concatenation elimination (fuser.rewrite.cat_buffers): fused convs store into the channel slices of the buffer a
 channel ``torch.cat`` would copy them into. C2f- and DenseNet-like blocks with odd channel counts against
 float64, the graph and the report, repeated calls, the guards, torch.compile, ONNX export; the compiled
 kernels on a GPU; every C2f cat of the YOLOv8n replica."""
@@ -21,10 +21,10 @@ from toy_models import seeded
 
 import fuser
 from fuser import models
-from fuser.cat_buffers import cat_result
-from fuser.conv_geometry import ConvGeometry
-from fuser.fused_modules import FusedConv2d
 from fuser.kernels.epilogue import Activation, Epilogue
+from fuser.lower.conv_geometry import ConvGeometry
+from fuser.lower.fused_modules import FusedConv2d
+from fuser.rewrite.cat_buffers import cat_result
 
 
 def conv_bn_act(c_in: int, c_out: int, k: int = 1) -> nn.Sequential:

@@ -19,7 +19,7 @@ from toy_models import ConvBnActAdd, LinearAct, seeded
 
 import fuser
 from fuser import models
-from fuser.fused_modules import FusedConv2d, FusedLinear
+from fuser.lower.fused_modules import FusedConv2d, FusedLinear
 
 CHEAP = {"calibration_batch": 2, "calibration_size": 32}
 # (model name, build options, input size): the bundled models, small; all fuse what the model has.

@@ -19,8 +19,8 @@ from torch.utils._pytree import tree_flatten
 from toy_models import ConvBnActAdd, Untraceable, seeded
 
 import fuser
-from fuser import cuda_graphs
-from fuser.cuda_graphs import MAX_GRAPHS, GraphReplay
+from fuser.runtime import cuda_graphs
+from fuser.runtime.cuda_graphs import MAX_GRAPHS, GraphReplay
 
 
 class StubGraph:
@@ -233,7 +233,7 @@ def test_hooks_run_on_every_call_while_they_are_registered():
     model = seeded(Untraceable())
     x = torch.randn(1, 3, 21, 19)
     opt, stub = optimized_with_stub(model, x, backend="torch")
-    fused = next(m for m in opt.modules() if isinstance(m, fuser.fused_modules.FusedConv2d))
+    fused = next(m for m in opt.modules() if isinstance(m, fuser.lower.fused_modules.FusedConv2d))
     seen = []
     with torch.no_grad():
         opt(x)

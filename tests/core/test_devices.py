@@ -14,8 +14,8 @@ from torch import nn
 from toy_models import ConvBnActAdd, LinearAct, seeded
 
 import fuser
-from fuser import kernel_dispatch
-from fuser.fused_modules import FusedConv2d, FusedLinear
+from fuser.lower import kernel_dispatch
+from fuser.lower.fused_modules import FusedConv2d, FusedLinear
 
 
 def fused_modules(module: nn.Module) -> list[FusedConv2d | FusedLinear]:

@@ -12,8 +12,8 @@ from torch import nn
 from toy_models import ConvBnActAdd, LinearAct, seeded
 
 import fuser
-from fuser import calls, ops
-from fuser.fused_modules import FusedConv2d, FusedLinear
+from fuser.lower import calls, ops
+from fuser.lower.fused_modules import FusedConv2d, FusedLinear
 
 
 @pytest.fixture

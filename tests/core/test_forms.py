@@ -254,6 +254,17 @@ def test_matmul_plus_bias(shape):
     assert opt.fusion_report.fused[0].ops == ["linear", "gelu"]
 
 
+@pytest.mark.parametrize("conv_bias", [False, True], ids=["conv-no-bias", "conv-bias"])
+@pytest.mark.parametrize("affine", [False, True], ids=["bn-not-affine", "bn-affine"])
+def test_layer_modules_with_and_without_optional_parameters(conv_bias, affine):
+    """The module rules read only the parameters a layer has: a conv without bias, a BN without weight and
+    bias (affine=False) still fuse, and fold exactly what the layer computes."""
+    model = ConvBnAct(nn.ReLU(), c_in=5, c_out=11, bias=conv_bias)
+    model.bn = nn.BatchNorm2d(11, affine=affine)
+    opt = check(model, (torch.randn(2, 5, 9, 13),), fused=1)
+    assert opt.fusion_report.fused[0].ops == ["conv2d", "batch_norm", "relu"]
+
+
 def test_addmm():
     opt = check(AddmmTanh(), (torch.randn(33, 19),), fused=1)
     assert opt.fusion_report.fused[0].ops == ["linear", "tanh"]

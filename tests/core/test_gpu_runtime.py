@@ -19,7 +19,7 @@ from toy_models import ConvBnActAdd, seeded
 
 import fuser
 from fuser import models
-from fuser.fused_modules import FusedConv2d, FusedLinear
+from fuser.lower.fused_modules import FusedConv2d, FusedLinear
 
 pytestmark = pytest.mark.gpu
 

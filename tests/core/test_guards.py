@@ -203,7 +203,7 @@ def test_nan_and_inf_positions_match_eager(value):
 @pytest.mark.parametrize("eps", [1e-5, 0.7], ids=["eps-1e-5", "large-eps"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
 def test_batchnorm_fold_is_the_float64_fold_cast_once(eps, dtype):
-    from fuser.fold import BatchNormParams, fold_batchnorm
+    from fuser.rewrite.batchnorm_fold import BatchNormParams, fold_batchnorm
 
     g = torch.Generator().manual_seed(3)
     c_out = 37

@@ -10,7 +10,7 @@ from accuracy import assert_close, reference64
 from toy_models import ConvBnActAdd, LinearAct, Untraceable, seeded
 
 import fuser
-from fuser import path_choice
+from fuser.lower import path_choice
 
 
 @pytest.fixture(autouse=True)

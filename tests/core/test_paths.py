@@ -20,9 +20,9 @@ from torch import nn
 from toy_models import ConvBnAct, LinearAct, seeded
 
 import fuser
-from fuser import ops
-from fuser.fused_modules import FusedConv2d, FusedLinear
 from fuser.kernels.epilogue import Activation, Epilogue, Residual
+from fuser.lower import ops
+from fuser.lower.fused_modules import FusedConv2d, FusedLinear
 
 SCALE = 0.37
 

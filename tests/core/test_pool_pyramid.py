@@ -9,11 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from accuracy import assert_close, randomize_batchnorm, reference64
+from jit_binds import count_jit_binds
 from torch import nn
 
 import fuser
 from fuser.kernels.pool import max_pool_pyramid
-from fuser.pool_pyramid import FusedPoolPyramid
+from fuser.rewrite.pool_pyramid import FusedPoolPyramid
 
 SPPF_RADII = (0, 2, 4, 6)
 
@@ -179,6 +180,19 @@ def test_an_earlier_output_is_not_overwritten_by_a_later_call() -> None:
     assert torch.equal(y1, kept)
 
 
+def test_a_misaligned_input_gets_its_own_plan() -> None:
+    """A plan's later launches call the kernel compiled for its first input, whose 16-byte alignment the
+    compiler may have assumed: an input of the same shape and strides at an odd offset needs its own plan."""
+    module = FusedPoolPyramid(SPPF_RADII, 1, backend="interpret")
+    storage = torch.randn(1 + 2 * 5 * 9 * 11)
+    aligned = storage[: 2 * 5 * 9 * 11].view(2, 5, 9, 11)
+    misaligned = storage[1:].view(2, 5, 9, 11)
+    assert aligned.stride() == misaligned.stride() and misaligned.data_ptr() % 16 != 0
+    assert torch.equal(module(aligned), windows(aligned, SPPF_RADII))
+    assert torch.equal(module(misaligned), windows(misaligned, SPPF_RADII))
+    assert len(module._plans) == 2
+
+
 def test_onnx_export_is_standard_and_matches_onnxruntime(tmp_path) -> None:
     model = randomize_batchnorm(SPPF()).eval()
     x = torch.randn(2, 11, 13, 9)
@@ -199,3 +213,26 @@ def test_compiled_kernel_matches_torch(shape, dtype: torch.dtype) -> None:
     out = max_pool_pyramid(x, SPPF_RADII)
     assert torch.equal(out, chained_pools(x))
     assert out.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.gpu
+def test_direct_launch_matches_jit_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a plan's first call the pyramid launches its compiled kernel directly (kernels/launch.py,
+    LaunchOptions): later calls must not bind their arguments again and must give the first call's result."""
+    from fuser.kernels import launch as launch_module
+    from fuser.kernels.pool import max_pool_pyramid_plan
+
+    binds = count_jit_binds(monkeypatch)
+    x = torch.randn(3, 19, 13, 11, device="cuda").contiguous(memory_format=torch.channels_last)
+    plan = max_pool_pyramid_plan(x, SPPF_RADII)
+    first = plan(x)
+    assert binds, "the first call of a plan goes through JITFunction.run"
+    binds.clear()
+    direct = [plan(x) for _ in range(3)]
+    assert not binds, f"later calls bound their arguments again: {binds}"
+    monkeypatch.setattr(launch_module, "DIRECT_LAUNCH", False)
+    jit = plan(x)
+    torch.cuda.synchronize()
+    for out in [*direct, jit]:
+        assert torch.equal(out, first)
+    assert torch.equal(first, chained_pools(x))

@@ -1,4 +1,4 @@
-"""The tree patterns of fuser.tree_patterns: declared commutativity, one node per variable, number leaves
+"""The tree patterns of fuser.match.tree_patterns: declared commutativity, one node per variable, number leaves
 within their tolerance, alternatives; and the driver's pattern rules replace a match and keep shared nodes."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 import torch.fx as fx
 
 from fuser.canonicalize.driver import pattern_rule, run_rules
-from fuser.tree_patterns import DIV, NUMBER_RTOL, OpFamily, Var, add, any_of, div, match, matches, mul, op
+from fuser.match.tree_patterns import DIV, NUMBER_RTOL, OpFamily, Var, add, any_of, div, match, matches, mul, op
 
 X, Y = Var("x"), Var("y")
 SIGMOID = OpFamily("sigmoid", frozenset({torch.sigmoid}))

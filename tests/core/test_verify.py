@@ -14,7 +14,7 @@ from toy_models import ConvBnAct, seeded
 
 import fuser
 from fuser import models
-from fuser.fused_modules import FusedConv2d
+from fuser.lower.fused_modules import FusedConv2d
 from fuser.verification import TOLERANCE, box_agreement, detections, output_error, top1_agreement
 
 

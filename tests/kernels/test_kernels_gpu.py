@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from accuracy import TOLERANCE, assert_close, rel_error
+from jit_binds import count_jit_binds
 from kernels_reference import EPILOGUES, ConvCase, conv_inputs, conv_reference, gemm_reference
 
 from fuser.kernels import (
@@ -209,18 +210,9 @@ def test_autotune_cache_on_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 def test_direct_launch_matches_jit_launch(monkeypatch: pytest.MonkeyPatch, case: ConvCase) -> None:
     """A plan's first call goes through JITFunction.run, later ones launch the compiled kernel directly
     (kernels/launch.py): the results must be identical, and the later calls must not bind again."""
-    from triton.runtime.jit import JITFunction
-
     from fuser.kernels import launch as launch_module
 
-    binds = []
-    real_run = JITFunction.run
-
-    def counting_run(self, *args, **kwargs):
-        binds.append(self.fn.__name__)
-        return real_run(self, *args, **kwargs)
-
-    monkeypatch.setattr(JITFunction, "run", counting_run)
+    binds = count_jit_binds(monkeypatch)
     epilogue = Epilogue(Activation.HARDSWISH, residual=Residual.AFTER_ACT)
     x, w, b, residual = conv_inputs(case, epilogue, torch.float32, device="cuda")
     packed = pack_conv_weight(w, "tf32", groups=case.groups)

@@ -13,7 +13,6 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from fuser.chain import Chain, describe_node, value_users
 from fuser.graph_ops import (
     BN_ARGS,
     BN_DEFAULTS,
@@ -24,6 +23,7 @@ from fuser.graph_ops import (
     bind,
     constant_tensor,
 )
+from fuser.match.chain import Chain, describe_node, value_users
 
 
 @dataclass(frozen=True)

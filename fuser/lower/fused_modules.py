@@ -13,9 +13,9 @@ reference on the weight's device (backend "auto" on the CPU), there is no packed
 
 Two ways through ``forward``, the same answer:
 - under torch.compile / torch.export (and torch.jit.trace, and for inputs that need gradients) it is one
-  call of the custom op (fuser.ops) on the module's buffers and constant arguments, nothing else, so the
+  call of the custom op (fuser.lower.ops) on the module's buffers and constant arguments, nothing else, so the
   compiler sees one opaque op and no graph break;
-- called eagerly it runs the op's code directly (fuser.calls), keeping the call per input signature: on a
+- called eagerly it runs the op's code directly (fuser.lower.calls), keeping the call per input signature: on a
   small layer the custom op's dispatch costs more host time than the kernel takes on the GPU.
 """
 
@@ -27,20 +27,21 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from fuser import calls, cuda_graphs, kernel_dispatch, ops
-from fuser.backends import KERNEL_DTYPES, check_backend, is_decomposed, uses_kernels
-from fuser.calls import Call
-from fuser.conv_geometry import ConvGeometry
 from fuser.kernels.epilogue import Epilogue
 from fuser.kernels.precision import Precision
-from fuser.references import conv2d_reference, gemm_reference
+from fuser.lower import calls, kernel_dispatch, ops
+from fuser.lower.backends import KERNEL_DTYPES, check_backend, is_decomposed, uses_kernels
+from fuser.lower.calls import Call
+from fuser.lower.conv_geometry import ConvGeometry
+from fuser.lower.references import conv2d_reference, gemm_reference
+from fuser.runtime import cuda_graphs
 
 _MAX_CALLS = 16  # input signatures whose calls a fused module keeps
 
 
 class _Renewing:
     """A hook's handle that tells recorded CUDA graphs when the hook comes and goes (a replay runs no hooks,
-    so a model with hooks runs plainly: fuser.cuda_graphs)."""
+    so a model with hooks runs plainly: fuser.runtime.cuda_graphs)."""
 
     def __init__(self, handle: RemovableHandle) -> None:
         self.handle = handle
@@ -262,7 +263,7 @@ class FusedConv2d(_FusedBase):
         self, x: torch.Tensor, residual: torch.Tensor | None = None, out: torch.Tensor | None = None
     ) -> torch.Tensor:
         """The fused conv of ``x``. ``out`` (optional: a channel slice of a channels_last buffer, see
-        fuser.cat_buffers) is where an eager call stores its result and what it then returns; under
+        fuser.rewrite.cat_buffers) is where an eager call stores its result and what it then returns; under
         torch.compile, exporters, tracers and for inputs that need gradients it is ignored and the result is
         a new tensor, so a caller must use the returned tensor, never rely on ``out`` being written."""
         if not torch.compiler.is_compiling():

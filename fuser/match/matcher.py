@@ -1,4 +1,4 @@
-"""The one generic matcher: every pattern of fuser.patterns, found with networkx's DiGraphMatcher.
+"""The one generic matcher: every pattern of fuser.match.patterns, found with networkx's DiGraphMatcher.
 
 The fx graph becomes a DiGraph of its classified nodes (kinds from fuser.graph_ops) with an edge for each
 direct data dependency; each pattern is a small path DiGraph; a match is a subgraph monomorphism whose node
@@ -16,10 +16,10 @@ import networkx as nx
 import torch.fx as fx
 from networkx.algorithms import isomorphism
 
-from fuser.chain import Chain, describe_node
 from fuser.graph_ops import UNSUPPORTED_ACTIVATIONS, OpInfo, classify
-from fuser.guards import GUARDS, Guard, first_failure
-from fuser.patterns import PATTERNS, ChainPattern
+from fuser.match.chain import Chain, describe_node
+from fuser.match.guards import GUARDS, Guard, first_failure
+from fuser.match.patterns import PATTERNS, ChainPattern
 
 
 @dataclass

@@ -14,7 +14,6 @@ The rules only read ``ctx.gm`` and ``ctx.modules`` of the canonicalizer's contex
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,6 +21,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
+from fuser.canonicalize.driver import Context, Rule
 from fuser.graph_ops import bind, constant_tensor
 
 # The functional dropouts, with their signatures' defaults for p and training.
@@ -50,7 +50,7 @@ def _bypass(node: fx.Node, value: Any) -> bool:
     return True
 
 
-def rule_identity_module(node: fx.Node, ctx: Any) -> bool:
+def rule_identity_module(node: fx.Node, ctx: Context) -> bool:
     """``nn.Identity()(x)`` is ``x``."""
     if node.op != "call_module" or type(ctx.modules.get(str(node.target))) is not nn.Identity or not node.args:
         return False
@@ -61,7 +61,7 @@ def _drops_nothing(p: Any, training: Any) -> bool:
     return training is False or (isinstance(p, (int, float)) and not isinstance(p, bool) and p == 0)
 
 
-def rule_inactive_dropout(node: fx.Node, ctx: Any) -> bool:
+def rule_inactive_dropout(node: fx.Node, ctx: Context) -> bool:
     """A dropout module in eval mode, or a dropout call with ``training=False`` or ``p=0``, is its input."""
     if node.op == "call_module":
         module = ctx.modules.get(str(node.target))
@@ -112,7 +112,7 @@ def _is_leading_dims_plus(node: Any, x: fx.Node, n: int) -> bool:
     )
 
 
-def rule_flattened_linear(node: fx.Node, ctx: Any) -> bool:
+def rule_flattened_linear(node: fx.Node, ctx: Context) -> bool:
     """``linear(x.view(-1, K), W, b).view(x.size()[:-1] + (N,))`` is ``linear(x, W, b)``: a linear layer
     maps the last dimension and keeps the leading ones, so the flatten and the unflatten cancel."""
     if not _is_method(node, ("view", "reshape")) or len(node.args) != 2 or node.kwargs:
@@ -143,7 +143,7 @@ def rule_flattened_linear(node: fx.Node, ctx: Any) -> bool:
     return True
 
 
-def rule_batchnorm_over_flattened_tokens(node: fx.Node, ctx: Any) -> bool:
+def rule_batchnorm_over_flattened_tokens(node: fx.Node, ctx: Context) -> bool:
     """``bn(v.flatten(0, 1)).reshape_as(v)`` with ``v = linear(x)`` 3-D and ``bn`` a BatchNorm1d (timm LeViT's
     LinearNorm) becomes ``bn(linear(x.flatten(0, 1))).reshape(x.shape[:-1] + (N,))``: the same values, the
     flatten moved before the linear (it merges leading dimensions only), so the BN directly follows the
@@ -193,12 +193,12 @@ def _erase_dead(*nodes: Any) -> None:
             erased.add(n)
 
 
-# (name, one-line description, rule): fuser.canonicalize runs these before its own rules.
-PASSTHROUGH_RULES: list[tuple[str, str, Callable[[fx.Node, Any], bool]]] = [
-    ("identity", "nn.Identity()(x) -> x", rule_identity_module),
-    ("inactive_dropout", "eval-mode dropout, dropout(training=False) or p=0 -> x", rule_inactive_dropout),
-    ("flattened_linear", "linear(x.view(-1, K)).view(x.size()[:-1] + (N,)) -> linear(x)", rule_flattened_linear),
-    (
+# fuser.canonicalize runs these before the other families.
+RULES: list[Rule] = [
+    Rule("identity", "nn.Identity()(x) -> x", rule_identity_module),
+    Rule("inactive_dropout", "eval-mode dropout, dropout(training=False) or p=0 -> x", rule_inactive_dropout),
+    Rule("flattened_linear", "linear(x.view(-1, K)).view(x.size()[:-1] + (N,)) -> linear(x)", rule_flattened_linear),
+    Rule(
         "batchnorm_over_flattened_tokens",
         "bn1d(linear(x).flatten(0, 1)).reshape_as(...) -> bn1d(linear(x.flatten(0, 1))).reshape(...)",
         rule_batchnorm_over_flattened_tokens,

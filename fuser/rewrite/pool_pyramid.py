@@ -19,8 +19,8 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-from fuser import ops
 from fuser.graph_ops import cat_operands, unused_name
+from fuser.lower import ops
 from fuser.report import GraphRewrite
 
 MAX_POOL_FUNCTIONS = {F.max_pool2d, torch.max_pool2d}
@@ -69,7 +69,8 @@ class FusedPoolPyramid(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._kernel_applies(x):
             return self.reference(x)
-        key = (x.shape, x.stride(), x.dtype, x.device)
+        # What a plan's direct launch pins (kernels/launch.py, LaunchOptions): strides and 16-byte alignment.
+        key = (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0)
         plans = self.__dict__["_plans"]
         plan = plans.get(key)
         if plan is None:

@@ -1,10 +1,10 @@
 """The fused ops as ``torch.library`` custom ops: ``fuser::conv2d_act`` and ``fuser::gemm_act``.
 
-A fused module (fuser.fused_modules) calls one of these wherever its op must be visible as one opaque op:
+A fused module (fuser.lower.fused_modules) calls one of these wherever its op must be visible as one opaque op:
 under torch.compile, torch.export and torch.jit.trace, and for inputs that need gradients. Each op has
 - a fake (meta) implementation, so torch.compile and torch.export see the output's shape, dtype and layout
   without running it (Inductor keeps the op opaque and fuses what lies around it);
-- a real implementation that builds the same call the fused module's eager shortcut runs (fuser.calls);
+- a real implementation that builds the same call the fused module's eager shortcut runs (fuser.lower.calls);
 - an autograd formula that says, in fuser's words, that the fused ops are for inference.
 
 A schema holds only tensors, ints, floats and strings, so the spec objects a fused module carries (its
@@ -20,8 +20,10 @@ from typing import Any
 
 import torch
 
-from fuser import calls
-from fuser.backends import (
+from fuser.kernels.epilogue import Activation, Epilogue, Residual
+from fuser.kernels.precision import Precision
+from fuser.lower import calls
+from fuser.lower.backends import (
     BACKENDS,
     check_backend,
     conv_output_memory_format,
@@ -29,11 +31,9 @@ from fuser.backends import (
     is_decomposed,
     resolve_backend,
 )
-from fuser.conv_geometry import ConvGeometry, conv_output_size, conv_padding
-from fuser.kernels.epilogue import Activation, Epilogue, Residual
-from fuser.kernels.precision import Precision
+from fuser.lower.conv_geometry import ConvGeometry, conv_output_size, conv_padding
 
-# Names other modules import from here; they live in fuser.backends and fuser.conv_geometry.
+# Names other modules import from here; they live in fuser.lower.backends and fuser.lower.conv_geometry.
 __all__ = [
     "BACKENDS",
     "check_backend",
@@ -100,7 +100,7 @@ def conv2d_act(
     """``epilogue(conv2d(x, weight) + bias)``; padding is (top, bottom, left, right).
 
     ``packed_weight`` is ``weight`` packed for the kernels (fuser.kernels.pack_conv_weight), or None; the
-    reference path ignores it. Output layout: see :func:`fuser.backends.conv_output_memory_format`.
+    reference path ignores it. Output layout: see :func:`fuser.lower.backends.conv_output_memory_format`.
     """
     geometry, epilogue, policy, backend = _conv2d_spec(
         stride, padding, dilation, groups, act, alpha, residual_mode, scale, precision, backend

@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fuser.conv_geometry import ConvGeometry
 from fuser.kernels.epilogue import Epilogue, apply_epilogue_torch
 from fuser.kernels.precision import Precision
+from fuser.lower.conv_geometry import ConvGeometry
 
 
 def _round_operands(precision: Precision, *tensors: torch.Tensor) -> list[torch.Tensor]:

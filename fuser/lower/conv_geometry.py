@@ -1,7 +1,7 @@
 """A convolution's geometry (stride, padding, dilation, groups) as one value.
 
 The fused conv module holds one :class:`ConvGeometry`; it travels whole to the torch reference, the kernel
-planner (fuser.kernel_dispatch) and the custom op, whose schema flattens it (fuser.ops). Padding is always
+planner (fuser.lower.kernel_dispatch) and the custom op, whose schema flattens it (fuser.lower.ops). Padding is always
 (top, bottom, left, right): torch's "same" with an even kernel pads one more pixel bottom/right, and ONNX
 pads can differ per side.
 """

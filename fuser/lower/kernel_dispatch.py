@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from fuser.backends import KERNEL_DTYPES
-from fuser.conv_geometry import ConvGeometry
 from fuser.kernels.epilogue import Epilogue
 from fuser.kernels.precision import Precision
+from fuser.lower.backends import KERNEL_DTYPES
+from fuser.lower.conv_geometry import ConvGeometry
 
 
 def kernel_name(

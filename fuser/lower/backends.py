@@ -2,7 +2,7 @@
 decomposed mode in which fused modules run plain torch code for exporters.
 
 "auto" runs the compiled Triton kernels on CUDA tensors and the torch reference elsewhere; "measured" picks
-per call signature between the kernel and cuDNN/cuBLAS (fuser.path_choice); "interpret" runs the same
+per call signature between the kernel and cuDNN/cuBLAS (fuser.lower.path_choice); "interpret" runs the same
 kernels in Triton's interpreter on CPU tensors; "torch" is the reference.
 """
 
@@ -45,7 +45,7 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     """The backend that runs on ``device``: "auto" becomes "triton" on CUDA and "torch" elsewhere.
 
     "measured" (CUDA only) runs, per call signature, the faster of the Triton kernel and the vendor library
-    on the folded weights (fuser.path_choice); it is not the default because on the models of
+    on the folded weights (fuser.lower.path_choice); it is not the default because on the models of
     benchmarks/gpu_models.py the Triton kernels alone were faster (benchmarks/results)."""
     if backend == "auto":
         return "triton" if device.type == "cuda" else "torch"

@@ -9,7 +9,7 @@ import torch.fx as fx
 from fuser.activations import Activation
 from fuser.epilogue import Epilogue, Residual
 from fuser.graph_ops import OpInfo
-from fuser.patterns import ChainPattern
+from fuser.match.patterns import ChainPattern
 
 
 def describe_node(node: fx.Node) -> str:

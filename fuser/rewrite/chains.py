@@ -12,9 +12,6 @@ import re
 
 import torch.fx as fx
 
-from fuser.chain import Chain
-from fuser.fold import BatchNormParams, fold_batchnorm
-from fuser.fused_modules import FusedConv2d, FusedLinear
 from fuser.graph_ops import (
     BN_ARGS,
     BN_DEFAULTS,
@@ -27,7 +24,10 @@ from fuser.graph_ops import (
     unused_name,
 )
 from fuser.kernels.precision import Precision
-from fuser.ops import conv_padding
+from fuser.lower.fused_modules import FusedConv2d, FusedLinear
+from fuser.lower.ops import conv_padding
+from fuser.match.chain import Chain
+from fuser.rewrite.batchnorm_fold import BatchNormParams, fold_batchnorm
 
 
 def _pair(value: int | tuple[int, ...] | list[int]) -> tuple[int, int]:

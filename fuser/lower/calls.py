@@ -1,7 +1,7 @@
 """Call construction: the function that computes one fused op for every call shaped like an example one.
 
 Every decision that depends only on a call's signature (backend, kernel or library, launch plan) is taken
-here, once. The custom ops (fuser.ops) build the call on every invocation; the fused modules keep it per
+here, once. The custom ops (fuser.lower.ops) build the call on every invocation; the fused modules keep it per
 input signature so that a repeated eager forward only launches (on a small layer the custom op's dispatch
 costs more host time than the kernel takes on the GPU). Both run the same code, so they give the same answer.
 """
@@ -12,12 +12,12 @@ from collections.abc import Callable
 
 import torch
 
-from fuser import kernel_dispatch, path_choice
-from fuser.backends import conv_output_memory_format, resolve_backend
-from fuser.conv_geometry import ConvGeometry
 from fuser.kernels.epilogue import Epilogue
 from fuser.kernels.precision import Precision
-from fuser.references import conv2d_reference, gemm_reference
+from fuser.lower import kernel_dispatch, path_choice
+from fuser.lower.backends import conv_output_memory_format, resolve_backend
+from fuser.lower.conv_geometry import ConvGeometry
+from fuser.lower.references import conv2d_reference, gemm_reference
 
 Call = Callable[..., torch.Tensor]  # call(x, residual) or, for a call built with an ``out``, call(x, residual, out)
 

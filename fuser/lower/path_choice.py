@@ -9,9 +9,9 @@ a given signature both run on the call's own tensors and the faster is kept for 
 The measure is the wall time per call of back-to-back calls, synchronized once at the end: what a forward
 pays for a layer, the GPU time where the layer is GPU-bound and the host time (launches, Python) where it is
 launch-bound, as small layers at batch 1 are. A GPU-only timing (do_bench) ignores the library path's extra
-launches and chose it where the model then ran slower (benchmarks/results/gpu-models-2026-12-01.json).
+launches and chose it where the model then ran slower (benchmarks/results/gpu-models-2026-12-01a.json).
 
-Nothing is measured while a CUDA graph is being recorded (the kernel runs then); fuser.cuda_graphs warms up
+Nothing is measured while a CUDA graph is being recorded (the kernel runs then); fuser.runtime.cuda_graphs warms up
 before it records, so the choice is made by then.
 """
 

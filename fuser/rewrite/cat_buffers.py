@@ -26,9 +26,9 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from fuser.backends import KERNEL_DTYPES, is_decomposed, uses_kernels
-from fuser.fused_modules import FusedConv2d
 from fuser.graph_ops import cat_operands
+from fuser.lower.backends import KERNEL_DTYPES, is_decomposed, uses_kernels
+from fuser.lower.fused_modules import FusedConv2d
 from fuser.report import GraphRewrite
 
 SPLITS = {"split", "chunk", torch.split, torch.chunk}
@@ -69,7 +69,7 @@ def cat_buffer(
         return None
     if (torch.is_grad_enabled() and x.requires_grad) or not uses_kernels(backend, x.device):
         return None
-    from fuser.conv_geometry import conv_output_size
+    from fuser.lower.conv_geometry import conv_output_size
 
     oh, ow = conv_output_size(x.shape[2:], kernel_size, stride, padding, dilation)
     return torch.empty((x.shape[0], oh, ow, channels), dtype=x.dtype, device=x.device).permute(0, 3, 1, 2)
