@@ -3,7 +3,7 @@
 # fused ops on every backend and precision, whole models, CUDA graphs), the whole-model benchmark, the demo
 # on the GPU, and the layer benchmark. Each stage has a time limit and appends to $OUT/all.log; results
 # (JSON, the demo's plot) land in $OUT. Print a short summary last. STAGES picks stages (default: all four),
-# the *_S variables their time limits.
+# the *_S variables their time limits, GPU_TEST_ARGS what pytest runs (default: every GPU test).
 set -uo pipefail
 source benchmarks/device_setup.sh > "$OUT/all.log" 2>&1
 LOG="$OUT/all.log"
@@ -19,7 +19,7 @@ stage() {
     summary+=("$name rc=$rc in $((SECONDS - start)) s")
 }
 want() { [[ " ${STAGES:-tests models demo layers} " == *" $1 "* ]]; }
-want tests && stage gpu_tests "${GPU_TEST_S:-230}" python3 -m pytest -m gpu -n 12 -v -p no:cacheprovider -rf --durations=12 tests
+want tests && stage gpu_tests "${GPU_TEST_S:-230}" python3 -m pytest -m gpu -n 12 -v -p no:cacheprovider -rf --durations=12 ${GPU_TEST_ARGS:-tests}
 want models && stage gpu_models "${MODELS_S:-180}" python3 -m benchmarks.gpu_models --out "$OUT" \
     --budget-s "${MODELS_BUDGET_S:-110}" ${MODELS_ARGS:-}
 want demo && stage demo "${DEMO_S:-60}" python3 -m fuser.demo --out "$OUT"
