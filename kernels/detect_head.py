@@ -222,11 +222,53 @@ def detect_head_reference(
 def _anchor_strides(t: torch.Tensor) -> tuple[int, int, int] | None:
     """(image, anchor, channel) strides of an ``[N, C, H, W]`` level whose pixels are one run of anchors
     (``h * W + w`` at one stride: NHWC, NCHW and slices of either), or None."""
-    n, c, h, w = t.shape
+    _, _, h, w = t.shape
     s_n, s_c, s_h, s_w = t.stride()
     if h > 1 and w > 1 and s_h != w * s_w:
         return None
     return s_n, (s_w if w > 1 else s_h), s_c
+
+
+def unsupported(
+    box_levels: Sequence[torch.Tensor],
+    cls_levels: Sequence[torch.Tensor],
+    anchors: torch.Tensor,
+    strides: torch.Tensor,
+    dfl_weight: torch.Tensor,
+) -> str | None:
+    """Why these inputs are not what the kernel takes (naming the level, the input and its shape), or None."""
+    if not box_levels or len(box_levels) != len(cls_levels):
+        return f"one box and one class tensor per level, got {len(box_levels)} and {len(cls_levels)}"
+    r = dfl_weight.numel()
+    if dfl_weight.dim() != 1 or r < 1:
+        return f"dfl_weight must be a vector of the reg_max bin weights, got shape {tuple(dfl_weight.shape)}"
+    n = box_levels[0].shape[0] if box_levels[0].dim() == 4 else -1
+    nc = cls_levels[0].shape[1] if cls_levels[0].dim() == 4 else -1
+    sizes = []
+    for i, (b, c) in enumerate(zip(box_levels, cls_levels, strict=True)):
+        if b.dim() != 4 or c.dim() != 4 or b.shape[0] != n or c.shape[0] != n or b.shape[2:] != c.shape[2:]:
+            return (
+                f"level {i}: box and class outputs must be [N, C, H, W] of one N, H and W, "
+                f"got {tuple(b.shape)} and {tuple(c.shape)}"
+            )
+        if b.shape[1] != 4 * r or c.shape[1] != nc:
+            return (
+                f"level {i}: the box output needs 4 * reg_max = {4 * r} channels and the class output {nc}, "
+                f"got {b.shape[1]} and {c.shape[1]}"
+            )
+        for name, t in (("box", b), ("class", c)):
+            if t.dtype != box_levels[0].dtype or t.dtype not in FLOAT_DTYPES:
+                return f"level {i}: the {name} output is {t.dtype}; all must be one of float32, float16, bfloat16"
+            if _anchor_strides(t) is None:
+                return f"level {i}: the {name} output's pixels are not one run of strides (strides {t.stride()})"
+        sizes.append(b.shape[2] * b.shape[3])
+    total = sum(sizes)
+    if tuple(anchors.shape) != (2, total) or tuple(strides.shape) != (1, total):
+        return (
+            f"anchors must be [2, {total}] and strides [1, {total}] for levels of {sizes} anchors, "
+            f"got {tuple(anchors.shape)} and {tuple(strides.shape)}"
+        )
+    return None
 
 
 def _check(
@@ -237,44 +279,17 @@ def _check(
     dfl_weight: torch.Tensor,
     interpret: bool,
 ) -> tuple[int, int, int, list[int]]:
-    """(N, R, nc, anchors per level), or a ValueError naming the input and its shape."""
-    op = "detect_head"
-    if not box_levels or len(box_levels) != len(cls_levels):
-        raise ValueError(f"{op}: one box and one class tensor per level, got {len(box_levels)} and {len(cls_levels)}")
-    r = dfl_weight.numel()
-    if dfl_weight.dim() != 1 or r < 1:
-        raise ValueError(f"{op}: dfl_weight must be a vector of the reg_max bin weights, got {tuple(dfl_weight.shape)}")
-    first = box_levels[0]
-    n = first.shape[0] if first.dim() == 4 else -1
-    nc = cls_levels[0].shape[1] if cls_levels[0].dim() == 4 else -1
-    sizes = []
-    for i, (b, c) in enumerate(zip(box_levels, cls_levels, strict=True)):
-        if b.dim() != 4 or c.dim() != 4 or b.shape[0] != n or c.shape[0] != n or b.shape[2:] != c.shape[2:]:
-            raise ValueError(
-                f"{op}: level {i}: box and class outputs must be [N, C, H, W] of one N, H and W, "
-                f"got {tuple(b.shape)} and {tuple(c.shape)}"
-            )
-        if b.shape[1] != 4 * r or c.shape[1] != nc:
-            raise ValueError(
-                f"{op}: level {i}: box output needs 4 * reg_max = {4 * r} channels and class output {nc}, "
-                f"got {b.shape[1]} and {c.shape[1]}"
-            )
-        for name, t in (("box", b), ("class", c)):
-            if t.dtype != first.dtype or t.dtype not in FLOAT_DTYPES:
-                raise ValueError(f"{op}: level {i}: {name} output is {t.dtype}; all must be one of float32/16, bf16")
-            if _anchor_strides(t) is None:
-                raise ValueError(f"{op}: level {i}: {name} output's H and W are not one run of pixels {t.stride()}")
-        sizes.append(b.shape[2] * b.shape[3])
-    total = sum(sizes)
-    if tuple(anchors.shape) != (2, total) or tuple(strides.shape) != (1, total):
-        raise ValueError(
-            f"{op}: anchors must be [2, {total}] and strides [1, {total}] for levels of {sizes} anchors, "
-            f"got {tuple(anchors.shape)} and {tuple(strides.shape)}"
-        )
+    """(N, R, nc, anchors per level), or a ValueError saying what is wrong."""
+    reason = unsupported(box_levels, cls_levels, anchors, strides, dfl_weight)
+    if reason is not None:
+        raise ValueError(f"detect_head: {reason}")
     tensors = {f"level {i} box": b for i, b in enumerate(box_levels)}
     tensors.update({f"level {i} class": c for i, c in enumerate(cls_levels)})
-    check_device(op, interpret, {**tensors, "anchors": anchors, "strides": strides, "dfl_weight": dfl_weight})
-    return n, r, nc, sizes
+    check_device(
+        "detect_head", interpret, {**tensors, "anchors": anchors, "strides": strides, "dfl_weight": dfl_weight}
+    )
+    sizes = [b.shape[2] * b.shape[3] for b in box_levels]
+    return box_levels[0].shape[0], dfl_weight.numel(), cls_levels[0].shape[1], sizes
 
 
 INTERPRET_CONFIG = TileConfig(64, 32, 1, 1, 4, 1)
@@ -312,21 +327,28 @@ def prepare_detect_head(
     def runner(config: TileConfig) -> Callable[..., Any]:
         launches = []
         for chunk in chunks:
+            slots = [*chunk, *[chunk[0]] * (MAX_LEVELS - len(chunk))]  # unused slots repeat a level
             scalars: list[int] = []
             end = 0
-            for i in list(chunk) + [chunk[0]] * (MAX_LEVELS - len(chunk)):  # unused slots repeat a level
-                end += cdiv(sizes[i], config.block_m) if i in chunk else 0
+            for slot, i in enumerate(slots):
+                end += cdiv(sizes[i], config.block_m) if slot < len(chunk) else 0
                 scalars += [*level_strides[i][0], *level_strides[i][1], sizes[i], offsets[i], end]
             scalars += [anchors.stride(0), anchors.stride(1), strides.stride(1), total, nc]
             call = KernelCall(_detect_head_kernel, scalars, {**constexprs, "LEVELS": len(chunk)}, interpret)
-            launches.append((list(chunk), call, call.options(config), (end, n)))
+            launches.append((slots, call, call.options(config), (end, n)))
 
-        def run(box_levels, cls_levels, anchors, strides, dfl_weight):  # noqa: ANN001, ANN202
+        def run(
+            box_levels: Sequence[torch.Tensor],
+            cls_levels: Sequence[torch.Tensor],
+            anchors: torch.Tensor,
+            strides: torch.Tensor,
+            dfl_weight: torch.Tensor,
+        ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
             y = torch.empty((n, 4 + nc, total), dtype=dtype, device=device)
             boxes = torch.empty((n, 4 * r, total), dtype=dtype, device=device) if raw else y
             scores = torch.empty((n, nc, total), dtype=dtype, device=device) if raw else y
-            for chunk, call, options, grid in launches:
-                levels = [t for i in chunk + [chunk[0]] * (MAX_LEVELS - len(chunk)) for t in (box_levels[i], cls_levels[i])]
+            for slots, call, options, grid in launches:
+                levels = [t for i in slots for t in (box_levels[i], cls_levels[i])]
                 call.launch(grid, (*levels, anchors, strides, dfl_weight, y, boxes, scores), options)
             return (y, boxes, scores) if raw else (y, None, None)
 
