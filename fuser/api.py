@@ -25,6 +25,7 @@ from fuser.capture import Capture, CapturedGraph, UntracedModule, capture, insta
 from fuser.cat_buffers import eliminate_cats
 from fuser.chain import Chain
 from fuser.cuda_graphs import GraphReplay
+from fuser.detect_head import find_detect_heads, install_detect_heads
 from fuser.graph_ops import CONV_ARGS, CONV_DEFAULTS, bind, constant_tensor
 from fuser.kernels import autotune
 from fuser.kernels.precision import Precision
@@ -241,6 +242,7 @@ def strict() -> bool:
 def _run_pipeline(
     working: nn.Module, inputs: tuple[Any, ...] | None, policy: Precision, backend: str, *, rewrite: bool
 ) -> tuple[nn.Module, FusionReport]:
+    heads = find_detect_heads(working)  # before capture, which moves the heads' parameters into graphs
     captured = _capture(working)
     if inputs is not None:
         try:
@@ -272,6 +274,10 @@ def _run_pipeline(
         report.rewrites += rewrites
         if rewritten:
             root = install(captured, graph, graph.gm)
+    report.rewrites += heads.rewrites()
+    report.skipped += heads.skipped()
+    if rewrite:
+        install_detect_heads(heads, root, backend)
     return root, report
 
 
