@@ -135,7 +135,9 @@ def install_detect_heads(heads: DetectHeads, root: nn.Module, backend: str) -> N
         assert head.dfl_weight is not None
         name = unused_name(module, "fused_head")
         module.add_module(name, FusedDetectTail(head.dfl_weight, backend, head.path))
-        object.__setattr__(module, "forward", FusedDetectForward(module, name))
+        # The make_anchors that Detect's own code calls (its module's global).
+        make_anchors = _defining_class(type(module), "_get_decode_boxes")._get_decode_boxes.__globals__["make_anchors"]
+        object.__setattr__(module, "forward", FusedDetectForward(module, name, make_anchors))
 
 
 class FusedDetectTail(nn.Module):
@@ -222,9 +224,10 @@ class FusedDetectForward:
     ultralytics' ``make_anchors`` when the input shape changes or ``dynamic`` is set) kept as the head's own
     state, so the class's forward finds it valid. Any other call runs the class's forward."""
 
-    def __init__(self, head: nn.Module, tail: str) -> None:
+    def __init__(self, head: nn.Module, tail: str, make_anchors: Callable[..., Any]) -> None:
         self.head = head
         self.tail = tail
+        self.make_anchors = make_anchors
 
     def __call__(self, x: Any) -> Any:
         head = self.head
@@ -242,8 +245,7 @@ class FusedDetectForward:
         cls_levels = [head.cv3[i](x[i]) for i in range(head.nl)]
         shape = x[0].shape
         if head.dynamic or head.shape != shape:
-            make_anchors = cls._get_decode_boxes.__globals__["make_anchors"]
-            head.anchors, head.strides = (a.transpose(0, 1) for a in make_anchors(x, head.stride, 0.5))
+            head.anchors, head.strides = (a.transpose(0, 1) for a in self.make_anchors(x, head.stride, 0.5))
             head.shape = shape
         export = head.export
         y, boxes, scores = getattr(head, self.tail)(

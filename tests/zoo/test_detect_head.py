@@ -88,12 +88,17 @@ def fused_tail(optimized: nn.Module) -> nn.Module:
     return getattr(heads[0], heads[0].forward.tail)
 
 
-@pytest.mark.parametrize(("nc", "size"), [(7, (96, 160)), (13, (160, 96))])
-def test_head_alone_runs_the_kernel(nc: int, size: tuple[int, int]) -> None:
+@pytest.mark.parametrize(
+    ("nc", "size", "flags"), [(7, (64, 96), False), (13, (96, 64), True)], ids=["nc7", "nc13-xyxy-export"]
+)
+def test_head_alone_runs_the_kernel(nc: int, size: tuple[int, int], flags: bool) -> None:
+    """The kernel's path: the default, and with xyxy boxes and export mode (the decoded output alone)."""
     ch = (11, 19, 23)
     model = build(Head(nc, ch, (8.0, 16.0, 32.0)))
     inputs = features(2, ch, size)
     optimized = fuser.optimize(model, inputs, precision="ieee", backend="interpret")
+    if flags:
+        model.head.xyxy = model.head.export = optimized.module.head.xyxy = optimized.module.head.export = True
     assert_matches(model, optimized, inputs)
     plans = list(fused_tail(optimized)._plans.values())
     assert plans and all(p is not None for p in plans), "the kernel (not the reference) must have run"
@@ -103,19 +108,20 @@ def test_head_alone_runs_the_kernel(nc: int, size: tuple[int, int]) -> None:
 
 
 def test_head_flags_and_new_shapes() -> None:
-    """export (y alone), xyxy, a new input size (anchors remade by make_anchors), dynamic: as ultralytics."""
+    """export (y alone), xyxy, a new input size (anchors remade by make_anchors), dynamic: as ultralytics
+    (the fused forward's logic, on the reference; the kernel's flags are checked above)."""
     ch = (11, 19, 23)
     model = build(Head(5, ch, (8.0, 16.0, 32.0)))
-    optimized = fuser.optimize(model, features(1, ch, (64, 96)), precision="ieee", backend="interpret")
+    optimized = fuser.optimize(model, features(1, ch, (32, 64)), precision="ieee", backend="torch")
     head = optimized.module.head
-    assert_matches(model, optimized, features(1, ch, (96, 64)))
+    assert_matches(model, optimized, features(1, ch, (64, 32)))
     first = head.anchors
-    assert_matches(model, optimized, features(1, ch, (64, 96)))
+    assert_matches(model, optimized, features(1, ch, (32, 64)))
     assert not torch.equal(head.anchors, first), "a new input size makes new anchors"
     for flag in ("export", "xyxy", "dynamic"):
         setattr(model.head, flag, True)
         setattr(head, flag, True)
-        assert_matches(model, optimized, features(2, ch, (64, 96)))
+        assert_matches(model, optimized, features(2, ch, (32, 64)))
         setattr(model.head, flag, False)
         setattr(head, flag, False)
 
@@ -123,7 +129,7 @@ def test_head_flags_and_new_shapes() -> None:
 def test_user_model_untouched_and_saved_module_loads() -> None:
     ch = (11, 19, 23)
     model = build(Head(3, ch, (8.0, 16.0, 32.0)))
-    inputs = features(1, ch, (64, 96))
+    inputs = features(1, ch, (32, 64))
     state = {k: v.clone() for k, v in model.state_dict().items()}
     optimized = fuser.optimize(model, inputs, precision="ieee", backend="interpret")
     assert "forward" not in model.head.__dict__ and not hasattr(model.head, "fused_head")
@@ -136,8 +142,39 @@ def test_user_model_untouched_and_saved_module_loads() -> None:
     with torch.no_grad():
         again = optimized(*inputs)
         first = [t.clone() for t in leaves(again)]
-        optimized(*features(1, ch, (96, 64)))
+        optimized(*features(1, ch, (64, 32)))
     assert all(torch.equal(a, b) for a, b in zip(leaves(again), first, strict=True)), "call k changed by call k+1"
+
+
+def test_compiles_to_one_frame_and_exports_to_onnx(tmp_path) -> None:
+    """torch.compile: no more frames or graph breaks than the original (once its anchors exist: the first
+    call's make_anchors breaks the original's graph too); ONNX (export mode) runs in onnxruntime."""
+    import onnxruntime
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch._dynamo.utils import counters
+
+    ch = (11, 19, 23)
+    model = build(Head(5, ch, (8.0, 16.0, 32.0)))
+    inputs = features(1, ch, (32, 64))
+    optimized = fuser.optimize(model, inputs, precision="ieee", backend="torch")
+    with torch.no_grad():
+        optimized(*inputs)
+    torch._dynamo.reset()
+    counters.clear()
+    counter = CompileCounterWithBackend("eager")
+    compiled = torch.compile(optimized, backend=counter)
+    for _ in range(3):
+        assert_matches(model, compiled, inputs)
+    assert counter.frame_count == 1 and not counters["graph_break"], dict(counters["graph_break"])
+
+    model.head.export = optimized.module.head.export = True
+    path = fuser.export_onnx(optimized, inputs, tmp_path / "head.onnx")
+    session = onnxruntime.InferenceSession(str(path))
+    names = [i.name for i in session.get_inputs()]
+    (out,) = session.run(None, {n: t.numpy() for n, t in zip(names, inputs, strict=True)})
+    with torch.no_grad():
+        ref = copy.deepcopy(model).double()(*(t.double() for t in inputs))
+    assert rel_error(torch.from_numpy(out), ref) < 1e-5
 
 
 def test_near_miss_stays_unfused() -> None:
