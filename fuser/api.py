@@ -30,6 +30,7 @@ from fuser.match.matcher import find_chains
 from fuser.report import ChainReport, FusionReport
 from fuser.rewrite.cat_buffers import eliminate_cats
 from fuser.rewrite.chains import rewrite_chains
+from fuser.rewrite.detect_head import find_detect_heads, install_detect_heads
 from fuser.rewrite.pool_pyramid import fuse_pool_pyramids
 from fuser.runtime.cuda_graphs import GraphReplay
 from fuser.runtime.torch_precision import torch_precision
@@ -241,6 +242,7 @@ def strict() -> bool:
 def _run_pipeline(
     working: nn.Module, inputs: tuple[Any, ...] | None, policy: Precision, backend: str, *, rewrite: bool
 ) -> tuple[nn.Module, FusionReport]:
+    heads = find_detect_heads(working)  # before capture, which moves the heads' parameters into graphs
     captured = _capture(working)
     if inputs is not None:
         try:
@@ -272,6 +274,10 @@ def _run_pipeline(
         report.rewrites += rewrites
         if rewritten:
             root = install(captured, graph, graph.gm)
+    report.rewrites += heads.rewrites()
+    report.skipped += heads.skipped()
+    if rewrite:
+        install_detect_heads(heads, root, backend)
     return root, report
 
 

@@ -75,6 +75,15 @@ class GraphRewrite:
     eliminated: list[str] = field(default_factory=list)
 
 
+@dataclass
+class SkippedRewrite:
+    """A candidate for such a fusion that stays as it is, and why (a detect head that overrides its tail)."""
+
+    kind: str
+    location: str
+    reason: str
+
+
 def compact_paths(paths: list[str], has_add: bool = True) -> str:
     """``a.b.{conv,bn,act}`` for paths under one parent; in a chain with a residual add, a path that is a
     parent of the others (the module whose forward does the add) is named after them:
@@ -107,6 +116,7 @@ class FusionReport:
     entries: list[ChainReport] = field(default_factory=list)
     untraced: list[UntracedModule] = field(default_factory=list)
     rewrites: list[GraphRewrite] = field(default_factory=list)
+    skipped: list[SkippedRewrite] = field(default_factory=list)
     precision: str = "tf32"
     backend: str = "auto"
     # canonicalization rules that fired, summed over the traced graphs: {rule name: count} (fuser.canonicalize)
@@ -145,6 +155,7 @@ class FusionReport:
             "untraced": [asdict(u) for u in self.untraced],
             "rules_fired": dict(self.rules_fired),
             "rewrites": [asdict(r) for r in self.rewrites],
+            "skipped": [asdict(s) for s in self.skipped],
         }
 
     def __str__(self) -> str:
@@ -165,6 +176,8 @@ class FusionReport:
         if self.rewrites:
             rows = [[r.kind, r.location, r.detail, ", ".join(r.eliminated)] for r in self.rewrites]
             lines += ["", "Also fused:", *_table(["kind", "where", "what", "nodes eliminated"], rows)]
+        if self.skipped:
+            lines += ["", "Left as they are:", *(f"  {s.kind} {s.location}: {s.reason}" for s in self.skipped)]
         if self.rejected:
             rows = [[str(i), " -> ".join(e.ops), e.location, e.reason or ""] for i, e in enumerate(self.rejected, 1)]
             lines += ["", "Not fused:", *_table(["#", "ops", "modules", "reason"], rows)]
