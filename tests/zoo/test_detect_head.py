@@ -188,6 +188,10 @@ def test_near_miss_stays_unfused() -> None:
     skipped = optimized.fusion_report.skipped
     assert [(s.kind, s.location) for s in skipped] == [("detect_head", "head")]
     assert "XyxyDetect overrides Detect.decode_bboxes" in skipped[0].reason
+    assert optimized.fusion_report.to_dict()["skipped"] == [
+        {"kind": "detect_head", "location": "head", "reason": skipped[0].reason}
+    ]
+    assert "Left as they are:\n  detect_head head: XyxyDetect overrides" in str(optimized.fusion_report)
     assert not [r for r in optimized.fusion_report.rewrites if r.kind == "detect_head"]
     assert_matches(model, optimized, inputs)
 
