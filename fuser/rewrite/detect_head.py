@@ -18,6 +18,7 @@ tail (Segment, Pose, OBB, v10Detect, ...) are left as they are and listed in the
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,8 @@ from fuser.report import GraphRewrite, SkippedRewrite
 
 # The methods of Detect whose code the fused forward stands for: a class that overrides one computes
 # something else (Segment adds mask coefficients, Pose keypoints, OBB angles).
+# The ultralytics releases whose Detect.forward the fused forward mirrors (checked against 8.4's code).
+VERSIONS = ("8.4.",)
 TAIL_METHODS = ("forward", "forward_head", "_inference", "_get_decode_boxes", "decode_bboxes", "one2many")
 ELIMINATED = ["cat(boxes)", "cat(scores)", "dfl", "dist2bbox", "mul(strides)", "sigmoid", "cat(y)"]
 _MAX_PLANS = 8
@@ -48,6 +51,9 @@ def _detect_class(module: nn.Module) -> type | None:
 
 def _refusal(module: nn.Module, detect: type) -> str | None:
     """Why ``module`` (a ``Detect``) is not fused, or None when its inference path is Detect's own."""
+    version = str(getattr(sys.modules.get("ultralytics"), "__version__", "unknown"))
+    if not version.startswith(VERSIONS):
+        return f"ultralytics {version}: the fused forward mirrors Detect of ultralytics {', '.join(VERSIONS)}x only"
     cls = type(module)
     overridden = [name for name in TAIL_METHODS if _defining_class(cls, name) is not detect]
     if overridden:
@@ -56,6 +62,8 @@ def _refusal(module: nn.Module, detect: type) -> str | None:
         return "its forward was replaced on the instance; its head runs as it is"
     if getattr(module, "one2one_cv2", None) is not None:
         return "it has an end-to-end (one-to-one) head; only heads without one are fused"
+    if not callable(detect._get_decode_boxes.__globals__.get("make_anchors")):
+        return "Detect's module has no make_anchors to make the anchors with"
     dfl_class = detect.__init__.__globals__.get("DFL")
     dfl = getattr(module, "dfl", None)
     if dfl_class is None or type(dfl) is not dfl_class or "forward" in dfl.__dict__:
@@ -135,8 +143,8 @@ def install_detect_heads(heads: DetectHeads, root: nn.Module, backend: str) -> N
         assert head.dfl_weight is not None
         name = unused_name(module, "fused_head")
         module.add_module(name, FusedDetectTail(head.dfl_weight, backend, head.path))
-        # The make_anchors that Detect's own code calls (its module's global).
-        make_anchors = _defining_class(type(module), "_get_decode_boxes")._get_decode_boxes.__globals__["make_anchors"]
+        # The make_anchors that Detect's own code calls (a global of its module).
+        make_anchors = type(module)._get_decode_boxes.__globals__["make_anchors"]
         object.__setattr__(module, "forward", FusedDetectForward(module, name, make_anchors))
 
 

@@ -146,9 +146,11 @@ def test_user_model_untouched_and_saved_module_loads() -> None:
     assert all(torch.equal(a, b) for a, b in zip(leaves(again), first, strict=True)), "call k changed by call k+1"
 
 
+@pytest.mark.filterwarnings("ignore:Converting a tensor to a Python boolean:torch.jit.TracerWarning")
 def test_compiles_to_one_frame_and_exports_to_onnx(tmp_path) -> None:
     """torch.compile: no more frames or graph breaks than the original (once its anchors exist: the first
-    call's make_anchors breaks the original's graph too); ONNX (export mode) runs in onnxruntime."""
+    call's make_anchors breaks the original's graph too); ONNX (export mode) runs in onnxruntime. The
+    exporter's tracer warns about the anchor cache's shape check, as it does on ultralytics' own Detect."""
     import onnxruntime
     from torch._dynamo.testing import CompileCounterWithBackend
     from torch._dynamo.utils import counters
@@ -186,7 +188,25 @@ def test_near_miss_stays_unfused() -> None:
     skipped = optimized.fusion_report.skipped
     assert [(s.kind, s.location) for s in skipped] == [("detect_head", "head")]
     assert "XyxyDetect overrides Detect.decode_bboxes" in skipped[0].reason
+    assert optimized.fusion_report.to_dict()["skipped"] == [
+        {"kind": "detect_head", "location": "head", "reason": skipped[0].reason}
+    ]
+    assert "Left as they are:\n  detect_head head: XyxyDetect overrides" in str(optimized.fusion_report)
     assert not [r for r in optimized.fusion_report.rewrites if r.kind == "detect_head"]
+    assert_matches(model, optimized, inputs)
+
+
+def test_other_ultralytics_release_stays_unfused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused forward mirrors 8.4's Detect: under another release the head runs as it is."""
+    import ultralytics
+
+    monkeypatch.setattr(ultralytics, "__version__", "8.3.99")
+    ch = (11, 19, 23)
+    model = build(Head(7, ch, (8.0, 16.0, 32.0)))
+    inputs = features(1, ch, (32, 64))
+    optimized = fuser.optimize(model, inputs, precision="ieee", backend="torch")
+    assert "forward" not in optimized.module.head.__dict__
+    assert "ultralytics 8.3.99" in optimized.fusion_report.skipped[0].reason
     assert_matches(model, optimized, inputs)
 
 
