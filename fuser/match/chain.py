@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch.fx as fx
 
 from fuser.activations import Activation
-from fuser.epilogue import Epilogue, Residual
+from fuser.epilogue import Epilogue
 from fuser.graph_ops import OpInfo
 from fuser.match.patterns import ChainPattern
 
@@ -87,17 +87,14 @@ class Chain:
 
     @property
     def epilogue(self) -> Epilogue:
+        """The fused epilogue: the activation and scale as the matched nodes give them, the residual's
+        place as the pattern declares it."""
         act = self.step("act")
         scale = self.step("scale")
-        kinds = [i.kind for i in self.infos]
-        residual = Residual.NONE
-        if "add" in kinds:
-            before = "act" in kinds and kinds.index("add") < kinds.index("act")
-            residual = Residual.BEFORE_ACT if before else Residual.AFTER_ACT
         return Epilogue(
             act=act[1].act if act else Activation.NONE,
             alpha=act[1].alpha if act else 0.0,
-            residual=residual,
+            residual=self.pattern.residual,
             scale=scale[1].scale if scale else 1.0,
         )
 

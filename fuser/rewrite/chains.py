@@ -12,21 +12,12 @@ import re
 
 import torch.fx as fx
 
-from fuser.graph_ops import (
-    BN_ARGS,
-    BN_DEFAULTS,
-    CONV_ARGS,
-    CONV_DEFAULTS,
-    LINEAR_ARGS,
-    LINEAR_DEFAULTS,
-    bind,
-    constant_tensor,
-    unused_name,
-)
+from fuser.graph_ops import BN_ARGS, BN_DEFAULTS, bind, constant_tensor, unused_name
 from fuser.kernels.precision import Precision
 from fuser.lower.fused_modules import FusedConv2d, FusedLinear
 from fuser.lower.ops import conv_padding
 from fuser.match.chain import Chain
+from fuser.match.patterns import FUSED_LINEAR
 from fuser.rewrite.batchnorm_fold import BatchNormParams, fold_batchnorm
 
 
@@ -41,9 +32,12 @@ def build_fused_module(
     chain: Chain, gm: fx.GraphModule, precision: Precision, backend: str
 ) -> FusedConv2d | FusedLinear:
     """The fused module that computes ``chain`` (BN folded in float64)."""
+    builds = chain.pattern.builds
+    if builds is None:
+        raise ValueError(f"pattern {chain.pattern.name} {chain.pattern.steps} is report-only: it builds nothing")
     source = chain.modules[0] if chain.modules else chain.head.name
-    linear = chain.infos[0].kind == "linear"
-    args = bind(chain.head, LINEAR_ARGS, LINEAR_DEFAULTS) if linear else bind(chain.head, CONV_ARGS, CONV_DEFAULTS)
+    linear = builds is FUSED_LINEAR
+    args = bind(chain.head, builds.args, builds.defaults)
     weight = constant_tensor(gm, args["weight"])
     bias = constant_tensor(gm, args["bias"])
     found = chain.step("batch_norm")

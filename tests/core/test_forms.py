@@ -386,3 +386,16 @@ def test_near_miss_forms_stay_unfused_and_correct(act, what):
     opt = check(ConvBnAct(act), (x,), fused=1)
     entry = opt.fusion_report.fused[0]
     assert entry.ops == ["conv2d", "batch_norm"] and entry.activation is None, (what, entry.ops)
+
+
+def test_a_pattern_whose_declaration_disagrees_with_its_steps_is_refused() -> None:
+    from fuser.epilogue import Residual
+    from fuser.match.patterns import FUSED_CONV, FUSED_LINEAR, PATTERNS, ChainPattern
+
+    with pytest.raises(ValueError, match="declares residual AFTER_ACT"):
+        ChainPattern("conv_act", ("conv2d", "add", "act"), FUSED_CONV, Residual.AFTER_ACT)
+    with pytest.raises(ValueError, match="declares residual NONE"):
+        ChainPattern("conv_act", ("conv2d", "act", "add"), FUSED_CONV)
+    with pytest.raises(ValueError, match="a FusedLinear starts at a linear"):
+        ChainPattern("gemm_epilogue", ("conv2d", "act"), FUSED_LINEAR)
+    assert all(p.builds is not None for p in PATTERNS), "every listed pattern builds a fused module"
