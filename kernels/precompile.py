@@ -191,14 +191,19 @@ def collecting(simulate: str | None = None) -> Iterator[list[Variant]]:
     kernels this process already compiled run as usual.
 
     ``simulate="sm90"``: plan and specialize as on that GPU on a machine without it (the launchers get CPU
-    tensors under ``interpret=True``; see :func:`fuser.kernels.launch.simulating`). The hook is
-    process-wide: kernels other threads launch meanwhile are recorded (and skipped) too.
+    tensors under ``interpret=True``; see :func:`fuser.kernels.launch.simulating`). Only this thread's
+    launches are collected; other threads' compile and run as usual.
     """
     found: dict[tuple[str, str], Variant] = {}
     variants: list[Variant] = []
     seen: dict[int, Any] = {}  # the JIT functions launched
 
-    def hook(*, key: Any, fn: Any, compile: dict[str, Any], **_: Any) -> bool:
+    previous = knobs.runtime.jit_cache_hook
+    owner = threading.get_ident()
+
+    def hook(*, key: Any, fn: Any, compile: dict[str, Any], **kwargs: Any) -> Any:
+        if threading.get_ident() != owner:  # another thread's launch: compiled and run as usual
+            return previous(key=key, fn=fn, compile=compile, **kwargs) if previous is not None else None
         target = driver.active.get_current_target()  # the launch's device is current here
         seen[id(fn.jit_function)] = fn.jit_function
         ident = (str(key), repr(target))
@@ -207,7 +212,6 @@ def collecting(simulate: str | None = None) -> Iterator[list[Variant]]:
             variants.append(found[ident])
         return True
 
-    previous = knobs.runtime.jit_cache_hook
     with contextlib.ExitStack() as stack:
         if simulate is not None:
             stack.enter_context(target_only_driver(parse_arch(simulate)))
@@ -485,7 +489,9 @@ class Ahead:
                 stacklevel=2,
             )
             return None
-        _last_report = self.workers.compile(variants, CompileProgress()) if variants else None
+        # A kernel defined in the user's script is not importable by a worker: the JIT compiles it at its launch.
+        importable = [v for v in variants if not v.kernel.startswith("__main__:")]
+        _last_report = self.workers.compile(importable, CompileProgress()) if importable else None
         return _last_report
 
 

@@ -90,18 +90,24 @@ def collect(*launches: Callable[[], Any]) -> list[precompile.Variant]:
     return variants
 
 
-def jit_lookups(monkeypatch: pytest.MonkeyPatch, *launches: Callable[[], Any]) -> list[tuple[str, bool]]:
-    """(kernel, found in Triton's cache) for each compile the JIT itself does for ``launches``, planned
-    as on an sm_90 GPU; ``kernel[grid](...)`` warms up (compiles or loads) instead of launching."""
+def record_compiles(patch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
+    """(kernel, found in Triton's cache) for each compile this process does from now on (Triton's listener)."""
     events: list[tuple[str, bool]] = []
 
     def listener(*, src: Any, cache_hit: bool, **_: Any) -> None:
         events.append((src.name, cache_hit))
 
+    patch.setattr(knobs.compilation, "listener", listener)
+    return events
+
+
+def jit_lookups(monkeypatch: pytest.MonkeyPatch, *launches: Callable[[], Any]) -> list[tuple[str, bool]]:
+    """:func:`record_compiles` of the JIT's own compiles for ``launches``, planned as on an sm_90 GPU;
+    ``kernel[grid](...)`` warms up (compiles or loads) instead of launching."""
     with monkeypatch.context() as patch, contextlib.ExitStack() as stack:
         warm = lambda self, grid: lambda *a, **k: self.run(*a, grid=grid, warmup=True, **k)
         patch.setattr(JITFunction, "__getitem__", warm)
-        patch.setattr(knobs.compilation, "listener", listener)
+        events = record_compiles(patch)
         stack.enter_context(precompile.target_only_driver(SM90))
         stack.enter_context(launch.simulating("sm90"))
         for run in launches:
@@ -215,3 +221,33 @@ def test_ahead_skips_while_tuning_and_warns_when_the_forward_fails(monkeypatch: 
     finally:
         ahead.close()
     assert precompile.Ahead(False).workers is None
+
+
+@pytest.mark.gpu
+def test_optimize_compiles_ahead_so_the_forward_only_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """optimize() on CUDA with empty caches: the workers compile every variant (none falls back), every
+    compile the example forward and its CUDA graph recording then do in this process finds its kernel in
+    Triton's cache, and the result is right."""
+    import fuser
+    from fuser import models
+    from tests.accuracy import reference64, rel_error
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    autotune.set_cache_dir(tmp_path / "tiles")
+    forget_compiled()
+    events = record_compiles(monkeypatch)
+    try:
+        model = models.build("resnet26", width=8)
+        x = models.example_input("resnet26", batch=3, size=(45, 37), seed=2)
+        fused = fuser.optimize(model.cuda(), (x.cuda(),))
+        report = precompile.last_report()
+        assert report is not None and report.variants >= 3 and report.workers >= 1
+        assert report.retried_in_process == 0
+        assert events, "the forward compiled nothing in this process"
+        assert [name for name, hit in events if not hit] == [], f"compiled here, not ahead: {events}"
+        with torch.no_grad():
+            out = fused(x.cuda())
+        assert rel_error(out, reference64(model.cpu(), x)) < 1e-2
+    finally:
+        autotune.set_cache_dir(None)
+        forget_compiled()
