@@ -19,9 +19,9 @@ the model (a CUDA graph is recorded over all of them), so a lazy compile only mo
 call; and compiling is CPU-bound Python and MLIR work, which threads of one process do not spread over
 the cores. Why processes started by :class:`Workers` rather than a ``multiprocessing`` pool: a spawned
 ``multiprocessing`` child re-imports the user's ``__main__``, which re-runs a script that calls
-``optimize()`` without a ``__main__`` guard; a worker here is ``python -m fuser.kernels.precompile
---worker`` and imports only the kernels. It starts importing at once, so ``optimize()`` starts the
-workers before its graph passes and they are ready by the time the variants are known.
+``optimize()`` without a ``__main__`` guard; a worker here is a fresh interpreter on this process's
+``sys.path`` that imports only the kernels (:func:`worker_main`). It starts importing at once, so
+``optimize()`` starts the workers before its graph passes and they are ready when the variants are known.
 
 A variant a worker fails to compile is named in a warning (kernel, constexprs, warps, stages) and
 compiled in this process instead; where that fails too, its launch raises Triton's error as it would have
@@ -264,13 +264,13 @@ def default_workers() -> int:
 
 
 class _Worker:
-    """One ``python -m fuser.kernels.precompile --worker`` process: pickled variants in on
+    """One worker process (:func:`worker_main`, on this process's ``sys.path``): pickled variants in on
     its stdin, pickled results out on its stdout; its stderr goes to a file, read back if it dies."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in close(), with the process)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "fuser.kernels.precompile", "--worker"],
+            [sys.executable, "-c", _WORKER_BOOT],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
@@ -376,18 +376,18 @@ class Workers:
         for thread in threads:
             thread.join()
         drain(None)  # whatever no worker took (there were none, or they all died)
-        retried = 0
-        for variant, error in failed:
+        if failed:
+            named = "; ".join(f"{variant.describe()}: {error}" for variant, error in failed)
             warnings.warn(
-                f"fuser: compiling {variant.describe()} in a worker process failed ({error}); "
-                "compiling it in this process",
+                f"fuser: compiling {len(failed)} kernel variant(s) in a worker process failed, compiling them "
+                f"in this process instead: {named}",
                 RuntimeWarning,
                 stacklevel=2,
             )
-            retried += 1
+        for variant, _ in failed:
             with contextlib.suppress(Exception):  # it fails again at its launch, with Triton's own error
                 compile_one(variant)
-        report = CompileReport(len(variants), len(self._workers), time.perf_counter() - start, retried)
+        report = CompileReport(len(variants), len(self._workers), time.perf_counter() - start, len(failed))
         if progress is not None:
             progress.finish(report)
         return report
@@ -512,19 +512,16 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> None:
         out.flush()
 
 
-def _worker_main() -> None:
-    for entry in json.loads(os.environ.get("FUSER_WORKER_SYS_PATH", "[]")):
-        if entry not in sys.path:
-            sys.path.append(entry)
+_WORKER_BOOT = (
+    "import json, os, sys; sys.path[:] = json.loads(os.environ['FUSER_WORKER_SYS_PATH']); "
+    "from fuser.kernels.precompile import worker_main; worker_main()"
+)
+
+
+def worker_main() -> None:
+    """A compile worker's loop: variants in on stdin, results out on stdout, until stdin closes."""
     # Replies go out on a private copy of stdout; anything the compiler prints goes to stderr.
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     importlib.import_module("fuser.kernels")  # the kernels, imported before the first job arrives
     _serve(sys.stdin.buffer, out)
-
-
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--worker"]:
-        _worker_main()
-    else:
-        raise SystemExit("usage: python -m fuser.kernels.precompile --worker (started by fuser itself)")

@@ -162,8 +162,11 @@ def test_a_worker_failure_names_the_variant_and_compiles_here(triton_cache: Path
     monkeypatch.setitem(sys.modules, module.__name__, module)
     moved = dataclasses.replace(variant, kernel=f"{module.__name__}:kernel")
     config = f"w{variant.options['num_warps']} s{variant.options['num_stages']}"
-    with pytest.warns(RuntimeWarning, match=rf"compiling kernel\[.*{config}\].*in a worker process failed "
-                      r"\(RuntimeError: ModuleNotFoundError.*compiling it in this process"):  # fmt: skip
+    message = (
+        r"compiling 1 kernel variant\(s\) in a worker process failed, compiling them in this process instead: "
+        rf"kernel\[.*{config}\].*: RuntimeError: ModuleNotFoundError"
+    )
+    with pytest.warns(RuntimeWarning, match=message):
         report = precompile.compile_variants([moved], workers=1, progress=False)
     assert report.retried_in_process == 1
     events = jit_lookups(monkeypatch, gemm_layer)
