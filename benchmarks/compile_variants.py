@@ -68,7 +68,23 @@ def model_variants(name: str, batch: int = 1, size: int | None = None, dtype: st
     return variants
 
 
+GEOMETRY = ("stride_h", "stride_w", "pad_top", "pad_left", "dil_h", "dil_w")
+
+
+def specialize_geometry() -> None:
+    """Let Triton specialize the conv kernels' stride, padding and dilation again (as before they were
+    excluded), for the before / after count of ``list --specialize-geometry``."""
+    from fuser.kernels import conv, depthwise, direct_conv
+
+    for kernel in (conv._conv2d_act_kernel, depthwise._depthwise_act_kernel, direct_conv._direct_conv_act_kernel):
+        for param in kernel.params:
+            if param.name in GEOMETRY:
+                param.do_not_specialize = False
+
+
 def _list(args: argparse.Namespace) -> dict[str, Any]:
+    if args.specialize_geometry:
+        specialize_geometry()
     result: dict[str, Any] = {}
     for name in args.models.split(","):
         start = time.perf_counter()
@@ -99,8 +115,7 @@ def _compile(args: argparse.Namespace) -> dict[str, Any]:
         start = time.perf_counter()
         report = precompile.compile_variants(variants, workers=count, progress=False)
         timings[count] = time.perf_counter() - start
-        retried = report.retried_in_process
-        print(f"  {count} workers: {timings[count]:.1f} s (compiled in process after a failure: {retried})", flush=True)
+        print(f"  {count} workers: {timings[count]:.1f} s; {dataclasses.asdict(report)}", flush=True)
         shutil.rmtree(cache, ignore_errors=True)
     return {"variants": len(variants), "seconds_by_workers": timings}
 
@@ -154,6 +169,9 @@ def main() -> None:
     parser.add_argument("--arch", default="sm90", help="the GPU architecture to list for")
     parser.add_argument("--workers", help="compile: comma-separated worker counts; cold: FUSER_COMPILE_WORKERS")
     parser.add_argument("-v", "--verbose", action="store_true", help="list: one line per variant")
+    parser.add_argument(
+        "--specialize-geometry", action="store_true", help="list: with stride, padding and dilation specialized"
+    )
     parser.add_argument("--out", type=Path, help="write the result JSON into this folder")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)

@@ -185,14 +185,17 @@ def parse_arch(arch: str) -> GPUTarget:
 
 
 @contextlib.contextmanager
-def collecting(simulate: str | None = None) -> Iterator[list[Variant]]:
+def collecting(
+    simulate: str | None = None, on_variant: Callable[[Variant], None] | None = None
+) -> Iterator[list[Variant]]:
     """Within: every Triton launch that would compile is recorded (once per variant, in launch order)
     and skipped: the kernel neither compiles nor runs, so its outputs are left unwritten. Launches of
     kernels this process already compiled run as usual.
 
     ``simulate="sm90"``: plan and specialize as on that GPU on a machine without it (the launchers get CPU
     tensors under ``interpret=True``; see :func:`fuser.kernels.launch.simulating`). Only this thread's
-    launches are collected; other threads' compile and run as usual.
+    launches are collected; other threads' compile and run as usual. ``on_variant`` is called with each
+    new variant as it is found (optimize() starts compiling it while the forward goes on).
     """
     found: dict[tuple[str, str], Variant] = {}
     variants: list[Variant] = []
@@ -210,6 +213,8 @@ def collecting(simulate: str | None = None) -> Iterator[list[Variant]]:
         if ident not in found:
             found[ident] = _variant(fn.jit_function, key, compile, target)
             variants.append(found[ident])
+            if on_variant is not None:
+                on_variant(found[ident])
         return True
 
     with contextlib.ExitStack() as stack:
@@ -313,6 +318,8 @@ class Workers:
     def __init__(self, count: int | None = None) -> None:
         self.count = default_workers() if count is None else count
         self._workers: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._reset()
         env = {
             **os.environ,
             "TRITON_CACHE_DIR": str(knobs.cache.dir),
@@ -342,40 +349,57 @@ class Workers:
             workers.pop().close()
 
     def compile(self, variants: Sequence[Variant], progress: CompileProgress | None = None) -> CompileReport:
-        """Compile every variant (each worker takes the next one as it finishes), then compile here what
-        a worker could not, warning with the variant's name and the worker's error."""
-        start = time.perf_counter()
-        jobs: queue.SimpleQueue[Variant] = queue.SimpleQueue()
+        """Compile every variant: :meth:`submit` each, then :meth:`finish`."""
         for variant in variants:
-            jobs.put(variant)
-        failed: list[tuple[Variant, str]] = []
-        lock = threading.Lock()
-        done = [0]
+            self.submit(variant, progress)
+        return self.finish(progress)
 
-        def drain(worker: _Worker | None) -> None:
-            while True:
-                try:
-                    variant = jobs.get_nowait()
-                except queue.Empty:
-                    return
-                try:
-                    worker.compile(variant) if worker is not None else compile_one(variant)
-                except Exception as error:
-                    with lock:
-                        failed.append((variant, f"{type(error).__name__}: {error}"))
-                    if worker is not None and worker.process.poll() is not None:
-                        return  # a dead worker takes no more jobs: the others (or this process) do
-                with lock:
-                    done[0] += 1
-                    if progress is not None:
-                        progress.step(variant, done[0], len(variants))
+    def submit(self, variant: Variant, progress: CompileProgress | None = None) -> None:
+        """Queue ``variant``; the first call starts one feeding thread per worker, each handing its worker
+        the next queued variant as soon as the last one is compiled."""
+        if self._jobs is None:
+            self._jobs, self._start = queue.SimpleQueue(), time.perf_counter()
+            for worker in self._workers:
+                self._threads.append(threading.Thread(target=self._drain, args=(worker, progress), daemon=True))
+                self._threads[-1].start()
+        self._submitted += 1
+        self._jobs.put(variant)
 
-        threads = [threading.Thread(target=drain, args=(w,), daemon=True) for w in self._workers]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
+    def _drain(self, worker: _Worker | None, progress: CompileProgress | None) -> None:
+        assert self._jobs is not None
+        while True:
+            try:
+                variant = self._jobs.get() if worker is not None else self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            if variant is None:  # finish(): no more variants
+                return
+            try:
+                seconds = worker.compile(variant) if worker is not None else compile_one(variant)
+            except Exception as error:
+                if worker is None:  # it raises again at its launch, where Triton reports it
+                    continue
+                with self._lock:
+                    self._failed.append((variant, f"{type(error).__name__}: {error}"))
+                if worker.process.poll() is not None:
+                    return  # a dead worker takes no more jobs: the others (or this process) do
+                continue
+            with self._lock:
+                self._times.append((seconds, variant.name))
+                if progress is not None:
+                    progress.step(variant, len(self._times), self._submitted)
+
+    def finish(self, progress: CompileProgress | None = None) -> CompileReport:
+        """Wait for every submitted variant, compile here what no worker took or what a worker failed on
+        (one warning naming each of those, with the worker's error), and report."""
+        if self._jobs is None:
+            self._jobs = queue.SimpleQueue()
+        for _ in self._threads:
+            self._jobs.put(None)
+        for thread in self._threads:
             thread.join()
-        drain(None)  # whatever no worker took (there were none, or they all died)
+        self._drain(None, progress)  # what no worker took (there were none, or they all died)
+        failed = self._failed
         if failed:
             named = "; ".join(f"{variant.describe()}: {error}" for variant, error in failed)
             warnings.warn(
@@ -387,21 +411,38 @@ class Workers:
         for variant, _ in failed:
             with contextlib.suppress(Exception):  # it fails again at its launch, with Triton's own error
                 compile_one(variant)
-        report = CompileReport(len(variants), len(self._workers), time.perf_counter() - start, len(failed))
+        longest = max(self._times, default=(0.0, ""))
+        report = CompileReport(
+            self._submitted, len(self._workers), time.perf_counter() - self._start, len(failed),
+            sum(t for t, _ in self._times), longest[0], longest[1],
+        )  # fmt: skip
+        self._reset()
         if progress is not None:
             progress.finish(report)
         return report
 
+    def _reset(self) -> None:
+        self._jobs: queue.SimpleQueue[Variant | None] | None = None
+        self._threads: list[threading.Thread] = []
+        self._failed: list[tuple[Variant, str]] = []  # by a worker: compiled again here
+        self._times: list[tuple[float, str]] = []
+        self._submitted = 0
+        self._start = time.perf_counter()
+
 
 @dataclass(frozen=True)
 class CompileReport:
-    """What :meth:`Workers.compile` did: variants, workers, wall seconds, variants compiled in-process
-    after a worker failed."""
+    """What :meth:`Workers.compile` did: variants, workers, wall seconds, variants compiled in this process
+    after a worker failed; the compile seconds summed over the variants (against ``seconds``: how well the
+    workers overlapped) and the longest one's (a floor on ``seconds``) with its kernel."""
 
     variants: int
     workers: int
     seconds: float
     retried_in_process: int = 0
+    compile_s_sum: float = 0.0
+    longest_s: float = 0.0
+    longest_kernel: str = ""
 
 
 class CompileProgress(Progress):
@@ -472,26 +513,32 @@ class Ahead:
             self.workers = None
 
     def compile(self, forward: Callable[[], Any]) -> CompileReport | None:
-        """Run ``forward`` collecting, then compile what it launched. Nothing while tuning (measuring
-        needs each candidate's kernel run, and compiles it as it goes). A forward that fails while
-        collecting (it runs on unwritten kernel outputs) is only warned about: the real forward then
-        compiles as it goes."""
+        """Run ``forward`` collecting, the workers compiling each variant as soon as it is found, and wait
+        for them. Nothing while tuning (measuring needs each candidate's kernel run, and compiles it as
+        it goes). A forward that fails while collecting (it runs on unwritten kernel outputs) is only
+        warned about: the real forward then compiles what the workers have not."""
         global _last_report
         if self.workers is None or autotune.tuning_enabled():
             return None
+        workers, progress = self.workers, CompileProgress()
+
+        def submit(variant: Variant) -> None:
+            # A kernel of the user's script is not importable by a worker: the JIT compiles it at its launch.
+            if not variant.kernel.startswith("__main__:"):
+                workers.submit(variant, progress)
+
         try:
-            with collecting() as variants:
+            with collecting(on_variant=submit):
                 forward()
         except Exception as error:
             warnings.warn(
-                f"fuser: kernels not compiled ahead: the collecting forward raised {type(error).__name__}: {error}",
+                f"fuser: the forward that lists the kernels to compile ahead raised {type(error).__name__}: "
+                f"{error}; the kernels it did not reach compile at their first launch",
                 RuntimeWarning,
                 stacklevel=2,
             )
-            return None
-        # A kernel defined in the user's script is not importable by a worker: the JIT compiles it at its launch.
-        importable = [v for v in variants if not v.kernel.startswith("__main__:")]
-        _last_report = self.workers.compile(importable, CompileProgress()) if importable else None
+        report = workers.finish(progress)
+        _last_report = report if report.variants else None
         return _last_report
 
 
