@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -255,3 +256,24 @@ def test_optimize_compiles_ahead_so_the_forward_only_loads(tmp_path: Path, monke
     finally:
         autotune.set_cache_dir(None)
         forget_compiled()
+
+
+def test_compile_progress_line():
+    """The progress line names the kernel being compiled and ends with the totals; quiet for a few."""
+    variant = collect(gemm_layer)[0]
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    progress = precompile.CompileProgress(stream, min_variants=2)
+    progress.step(variant, 1, 3)
+    progress.step(variant, 3, 3)
+    progress.finish(precompile.CompileReport(variants=3, workers=2, seconds=1.25))
+    text = stream.getvalue()
+    assert f"] 1/3 {variant.name}" in text and "[####################] 3/3" in text
+    assert text.endswith("fuser compile: 3 kernel variants on 2 workers in 1.2 s\n")
+    quiet = io.StringIO()
+    precompile.CompileProgress(quiet, min_variants=8).finish(precompile.CompileReport(3, 2, 1.0))
+    assert quiet.getvalue() == ""
