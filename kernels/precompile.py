@@ -6,13 +6,13 @@ other, as its example forward reached each launch. Here that forward runs twice:
 1. collecting (:func:`collecting`): Triton's ``jit_cache_hook`` sees every launch that would compile and
    records its :class:`Variant` -- the kernel, its constexprs, its signature with Triton's own
    specializations (divisibility by 16 of pointers and ints, ints equal to 1), warps and stages -- and
-   stops it: nothing compiles, nothing runs on the GPU;
-2. :func:`compile_variants` hands the variants to worker processes, each of which runs
-   ``triton.compile(ASTSource(kernel, signature, constexprs, attrs), target, options)`` -- what the JIT
-   itself calls, so the result lands in Triton's on-disk cache under the key the JIT looks up -- with no
-   GPU context (``CUDA_VISIBLE_DEVICES`` is empty in the workers);
-
-then the real forward (with its CUDA graph capture) finds every kernel in the cache and only loads it.
+   stops it: nothing compiles, nothing runs on the GPU. Each variant goes, as soon as it is found, to
+   one of the worker processes (:class:`Workers`), which runs ``triton.compile(ASTSource(kernel,
+   signature, constexprs, attrs), target, options)`` -- what the JIT itself calls, so the result lands in
+   Triton's on-disk cache under the key the JIT looks up -- with no GPU context (``CUDA_VISIBLE_DEVICES``
+   is empty in the workers);
+2. once the workers are done, the real forward (with its CUDA graph recording) finds every kernel in
+   the cache and only loads it.
 
 Why ahead and in parallel rather than lazily in the background: the first forward needs every kernel of
 the model (a CUDA graph is recorded over all of them), so a lazy compile only moves the wait into that
