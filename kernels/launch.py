@@ -356,7 +356,10 @@ class PlanCache:
 
     def get(self, key: Callable[[], tuple[Any, ...]], build: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
         """The plan under ``key()``, built by ``build()`` if new. A key that cannot be made (arguments that
-        are not tensors, unhashable values) builds without caching, so the checks in ``build`` report it."""
+        are not tensors, unhashable values) builds without caching, so the checks in ``build`` report it;
+        so does every call while :func:`simulating` (its plans are not the interpreter's)."""
+        if _simulated is not None:
+            return build()
         try:
             signature: tuple[Any, ...] | None = key()
             plan = self._plans.get(signature)  # type: ignore[arg-type]

@@ -139,6 +139,14 @@ def test_conv_geometry_does_not_split_the_variant():
         assert name not in variants[0].specialized()
 
 
+def test_a_plan_the_interpreter_made_is_not_listed():
+    """The interpreter plans this signature first (its own tile, one stage); the listing plans afresh,
+    as on the GPU (the conv candidates all pipeline over at least two stages)."""
+    conv_layer()
+    variant = collect(conv_layer)[0]
+    assert variant.options["num_stages"] >= 2 and variant.constexprs()["GROUP_M"] != conv.INTERPRET_CONFIG.group_m
+
+
 @needs_ptxas
 def test_workers_fill_the_cache_the_jit_looks_up(triton_cache: Path, monkeypatch: pytest.MonkeyPatch):
     """Every variant but the first compiled by two workers: the JIT then finds exactly those in the cache
