@@ -23,9 +23,10 @@ Per row: ``ms`` (CUDA events over ``--calls`` back-to-back calls, median of ``--
 interleaved so drift on the shared host hits all alike), ``rel_error`` (||out - ref|| / ||ref|| against
 a float64 run of the same weights), ``profile`` (torch.profiler of one forward: kernels, conv/matmul GPU
 ms and the rest), ``optimize_s_cold`` (the first optimize() in a process whose Triton, fuser tile and
-Inductor caches are fresh empty folders), ``compile_s`` (the first two calls of each torch.compile
-variant, with the same empty caches), ``first_calls_s`` (every variant's first two calls: where a lazy
-optimize() compiles), ``errors`` (a variant that failed: its error, the others go on).
+Inductor caches are fresh empty folders) and ``compile_ahead`` (what its parallel compile did),
+``compile_s`` (the first two calls of each torch.compile variant, with the same empty caches),
+``first_calls_s`` (every variant's first two calls: where a lazy optimize() compiles), ``errors`` (a
+variant that failed: its error, the others go on).
 
 Each row runs in its own child process (fresh caches, so every row's figures are cold; a crash or a
 CUDA error in one model cannot take the run down; ``--row-timeout-s`` bounds it). Rows start in the order
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import datetime
 import importlib.metadata
 import inspect
@@ -110,6 +112,16 @@ def optimize_kwargs(precision: str, cuda_graphs: bool, tune: str) -> dict[str, A
     if tune != "default" and "tune" in inspect.signature(__import__("fuser").optimize).parameters:
         kwargs["tune"] = tune == "on"
     return kwargs
+
+
+def compile_ahead_report() -> dict[str, Any] | None:
+    """What the last optimize() compiled ahead (variants, workers, seconds), where fuser does that."""
+    try:
+        from fuser.kernels import precompile
+    except ImportError:
+        return None
+    report = precompile.last_report()
+    return None if report is None else dataclasses.asdict(report)
 
 
 class Row:
@@ -209,6 +221,8 @@ class Row:
             torch.cuda.synchronize(self.device)
         key = "optimize_s_warm" if "optimize_s_cold" in self.data else "optimize_s_cold"
         self.data[key] = time.perf_counter() - start
+        if key == "optimize_s_cold":
+            self.data["compile_ahead"] = compile_ahead_report()
         self.data["fused_chains"] = len(fused.fusion_report.fused)
         self.data["rejected_chains"] = len(fused.fusion_report.rejected)
         return fused

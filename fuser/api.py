@@ -22,7 +22,7 @@ from torch import nn
 from fuser.canonicalize import canonicalize
 from fuser.capture.tracing import Capture, CapturedGraph, UntracedModule, capture, install, propagate_shapes
 from fuser.graph_ops import CONV_ARGS, CONV_DEFAULTS, bind, constant_tensor
-from fuser.kernels import autotune
+from fuser.kernels import autotune, precompile
 from fuser.kernels.precision import Precision
 from fuser.lower import ops
 from fuser.match.chain import Chain
@@ -146,13 +146,23 @@ def optimize(
         for t in inputs:
             if isinstance(t, torch.Tensor):
                 ops.resolve_backend(backend, t.device)  # a backend that cannot run where the inputs are: say so now
+    # On CUDA the kernels compile ahead in worker processes (fuser.kernels.precompile), which start
+    # importing now, so that they are ready when the graph passes are done.
+    ahead = precompile.Ahead(inputs is not None and _on_cuda(inputs) and backend in ("auto", "triton") and not tune)
     working = _working_copy(model, inplace)
     root, report = _run_pipeline(working, inputs, policy, backend, rewrite=True)
     optimized = OptimizedModule(root, report, policy, backend, cuda_graphs, tune)
     if inputs is not None and _on_cuda(inputs) and backend in ("auto", "triton", "measured"):
         with torch.no_grad(), autotune.tuning() if tune else contextlib.nullcontext():
+            ahead.compile(lambda: _forward_uncaptured(optimized, inputs))
             optimized(*inputs)  # compiles the kernels (and with tune=True measures their tile configs)
+    ahead.close()
     return optimized
+
+
+def _forward_uncaptured(optimized: OptimizedModule, inputs: tuple[Any, ...]) -> Any:
+    with torch_precision(optimized.precision), _on_device_of(inputs):
+        return optimized.module(*inputs)
 
 
 def _check_tune(tune: Any) -> bool:

@@ -56,8 +56,12 @@ from .splitk import SplitReduce, split_k_candidates
 from .tiles import decode_rows, finish_tile, grouped_tile, row_offsets, split_range
 
 
-# Image sizes vary per layer: not specialized, so layers that differ only in them share one compile.
-@triton.jit(do_not_specialize=["H", "W", "OH", "OW", "M"])
+# Image sizes and the conv geometry vary per layer: not specialized, so layers that differ only in them share
+# one compile. (Triton would compile a stride, padding or dilation of 1 in as a constant and mark a 0 as
+# divisible by 16: that buys nothing here, they enter only the pixel decode, not the channel-contiguous loads.)
+@triton.jit(
+    do_not_specialize=["H", "W", "OH", "OW", "M", "stride_h", "stride_w", "pad_top", "pad_left", "dil_h", "dil_w"]
+)
 def _conv2d_act_kernel(
     # pointers; w_ref and out_ref are tensor descriptors when USE_DESC; out_ref is the float32
     # [SPLIT_K, M, C_out] workspace when SPLIT_K > 1

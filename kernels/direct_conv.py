@@ -25,8 +25,12 @@ from .launch import KernelCall, cdiv, choose_tile
 from .tiles import decode_rows, epilogue_tile, row_offsets, store_tile
 
 
-# Image sizes vary per layer: not specialized, so layers that differ only in them share one compile.
-@triton.jit(do_not_specialize=["H", "W", "OH", "OW", "M"])
+# Image sizes and the conv geometry vary per layer: not specialized, so layers that differ only in them share
+# one compile. (Triton would compile a stride, padding or dilation of 1 in as a constant and mark a 0 as
+# divisible by 16: that buys nothing here, they enter only the pixel decode, not the channel-contiguous loads.)
+@triton.jit(
+    do_not_specialize=["H", "W", "OH", "OW", "M", "stride_h", "stride_w", "pad_top", "pad_left", "dil_h", "dil_w"]
+)
 def _direct_conv_act_kernel(
     # pointers; w is the GEMM-layout packed weight [C_out, K_pad], K ordered (kh, kw, c)
     x_ptr,

@@ -9,9 +9,10 @@ constexprs), a ``runner(config)`` and hands both to :func:`choose_tile`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ from .autotune import TileConfig
 from .epilogue import Epilogue, Residual
 from .interpret import run_interpreted
 from .precision import Precision
+from .tile_heuristic import SM_COUNT
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -256,6 +258,37 @@ def launch_options(kernel: JITFunction, constexprs: dict[str, Any], config: Tile
     return LaunchOptions({**constexprs, **tile, "num_warps": config.num_warps, "num_stages": config.num_stages})
 
 
+class SimulatedGPU:
+    """What an interpreter run pretends to be under :func:`simulating`: the GPU architecture whose tile
+    defaults the plans take (``arch`` as in "sm90") and its SM count."""
+
+    __slots__ = ("arch", "sm_count")
+
+    def __init__(self, arch: str, sm_count: int) -> None:
+        self.arch, self.sm_count = arch, sm_count
+
+
+# Constexprs that only the interpreter sets (its tl.dot needs them); a simulated compiled launch drops them.
+INTERPRETER_ONLY = {"UPCAST": False}
+_simulated: SimulatedGPU | None = None
+
+
+@contextlib.contextmanager
+def simulating(arch: str = "sm90", sm_count: int = SM_COUNT) -> Iterator[SimulatedGPU]:
+    """Within: launchers given CPU tensors with ``interpret=True`` plan as they would on a CUDA GPU of
+    ``arch`` (the shipped table's or the cost model's tile, never the interpreter's; no tuning) and hand
+    their launches to the Triton JIT instead of the interpreter, with the interpreter-only constexprs
+    switched off: what fuser.kernels.precompile uses to list a model's compiled variants without a GPU.
+    The JIT needs a driver for that target and a hook that stops it compiling
+    (:func:`fuser.kernels.precompile.collecting` sets both)."""
+    global _simulated
+    outer, _simulated = _simulated, SimulatedGPU(arch, sm_count)
+    try:
+        yield _simulated
+    finally:
+        _simulated = outer
+
+
 def launch(
     kernel: JITFunction,
     grid: tuple[int, ...],
@@ -265,6 +298,9 @@ def launch(
 ) -> Any:
     """Launch compiled (returns Triton's compiled kernel, whose ``asm`` holds the PTX), or run the same
     kernel in the interpreter (returns None; it ignores ``num_warps`` / ``num_stages``)."""
+    if interpret and _simulated is not None:
+        kwargs = {**options.kwargs, **{k: v for k, v in INTERPRETER_ONLY.items() if k in options.kwargs}}
+        return kernel[grid](*args, **kwargs)
     if interpret:
         run_interpreted(kernel, grid, *args, **options.kwargs)
         return None
@@ -303,12 +339,15 @@ def choose_tile(
     problem: autotune.Problem | None = None,
 ) -> TileConfig:
     """The tile of a plan: ``forced`` when given (tests, and tools that sweep every candidate); under the
-    interpreter ``interpret_config`` (large tiles, few programs: the interpreter's cost is per program);
+    interpreter ``interpret_config`` (large tiles, few programs: the interpreter's cost is per program),
+    unless :func:`simulating` a GPU, whose default it then takes;
     else :func:`autotune.choose` among ``candidates``, timing ``bench_call(config)`` on the example
     tensors (only while tuning: otherwise the default comes from the shipped table or the cost model for
     ``problem``). ``key`` describes the launch; :func:`autotune.choose` adds the GPU and triton version."""
     if forced is not None:
         return forced
+    if interpret and _simulated is not None:
+        return autotune.default_config(name, candidates, problem, _simulated.arch, _simulated.sm_count)
     if interpret:
         return interpret_config
     return autotune.choose(
@@ -327,7 +366,10 @@ class PlanCache:
 
     def get(self, key: Callable[[], tuple[Any, ...]], build: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
         """The plan under ``key()``, built by ``build()`` if new. A key that cannot be made (arguments that
-        are not tensors, unhashable values) builds without caching, so the checks in ``build`` report it."""
+        are not tensors, unhashable values) builds without caching, so the checks in ``build`` report it;
+        so does every call while :func:`simulating` (its plans are not the interpreter's)."""
+        if _simulated is not None:
+            return build()
         try:
             signature: tuple[Any, ...] | None = key()
             plan = self._plans.get(signature)  # type: ignore[arg-type]

@@ -1,0 +1,574 @@
+"""Compile a model's Triton kernels before its first forward, all at once, in worker processes.
+
+A cold ``optimize()`` spent almost all its time in Triton compiling one kernel specialization after the
+other, as its example forward reached each launch. Here that forward runs twice:
+
+1. collecting (:func:`collecting`): Triton's ``jit_cache_hook`` sees every launch that would compile and
+   records its :class:`Variant` -- the kernel, its constexprs, its signature with Triton's own
+   specializations (divisibility by 16 of pointers and ints, ints equal to 1), warps and stages -- and
+   stops it: nothing compiles, nothing runs on the GPU. Each variant goes, as soon as it is found, to
+   one of the worker processes (:class:`Workers`), which runs ``triton.compile(ASTSource(kernel,
+   signature, constexprs, attrs), target, options)`` -- what the JIT itself calls, so the result lands in
+   Triton's on-disk cache under the key the JIT looks up -- with no GPU context (``CUDA_VISIBLE_DEVICES``
+   is empty in the workers);
+2. once the workers are done, the real forward (with its CUDA graph recording) finds every kernel in
+   the cache and only loads it.
+
+Why ahead and in parallel rather than lazily in the background: the first forward needs every kernel of
+the model (a CUDA graph is recorded over all of them), so a lazy compile only moves the wait into that
+call; and compiling is CPU-bound Python and MLIR work, which threads of one process do not spread over
+the cores. Why processes started by :class:`Workers` rather than a ``multiprocessing`` pool: a spawned
+``multiprocessing`` child re-imports the user's ``__main__``, which re-runs a script that calls
+``optimize()`` without a ``__main__`` guard; a worker here is a fresh interpreter on this process's
+``sys.path`` that imports only the kernels (:func:`worker_main`). It starts importing at once, so
+``optimize()`` starts the workers before its graph passes and they are ready when the variants are known.
+
+A variant a worker fails to compile is named in a warning (kernel, constexprs, warps, stages) and
+compiled in this process instead; where that fails too, its launch raises Triton's error as it would have
+without this module. ``FUSER_COMPILE_WORKERS`` sets the number of workers (0: compile nothing ahead).
+
+Without a GPU, :func:`collecting` with ``simulate="sm90"`` lists the variants a model would need on that
+architecture from an interpreter run (fuser.kernels.launch.simulating): how the specializations were
+counted and cut. Launches that do not go through fuser.kernels.launch (the pool kernels) still run in
+the interpreter there and are not listed; on a GPU the hook sees them too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import pickle
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from triton.runtime.driver import driver
+
+from . import autotune, launch
+from .autotune import Progress
+
+WORKERS_ENV = "FUSER_COMPILE_WORKERS"
+MAX_WORKERS = 32
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One compiled specialization of a ``@triton.jit`` kernel, in the form ``triton.compile`` takes.
+
+    ``kernel`` is ``"module:qualname"`` (importable, so a worker can find it), ``signature`` maps each
+    parameter to its Triton type ("*fp32", "i32", "constexpr", "tensordesc<...>"), ``constants`` and
+    ``attrs`` map argument paths to constexpr values and to specialization attributes
+    (``tt.divisibility`` 16), ``options`` are the backend options (``num_warps``, ``num_stages``, ...),
+    ``target`` the GPU it is compiled for, ``key`` the JIT's own cache key of the launch (unique per
+    variant and target).
+    """
+
+    kernel: str
+    signature: dict[str, Any]
+    constants: dict[Any, Any]
+    attrs: dict[Any, Any]
+    options: dict[str, Any]
+    target: GPUTarget
+    declared: tuple[str, ...] = ()  # the parameters the kernel declares tl.constexpr
+    key: str = field(default="", repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.kernel.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+
+    def _param(self, path: Any) -> str:
+        index = path[0] if isinstance(path, tuple) else path
+        names = list(self.signature)
+        return names[index] if isinstance(index, int) and index < len(names) else str(index)
+
+    def constexprs(self) -> dict[str, Any]:
+        """The declared constexprs (tile sizes, epilogue switches) by name; not the ints Triton made
+        constant because they equal 1 (those are in :meth:`specialized`)."""
+        out = {}
+        for path, value in self.constants.items():
+            name = self._param(path)
+            if name in self.declared:
+                out[name] = value
+        return out
+
+    def specialized(self) -> dict[str, str]:
+        """The runtime arguments Triton specialized, by name: "16" (divisible by 16) or "=1" (an int
+        equal to 1, compiled in as a constant)."""
+        out = {}
+        for path, value in self.constants.items():
+            name = self._param(path)
+            if name not in self.declared:
+                out[name] = f"={value}"
+        for path, attrs in self.attrs.items():
+            for attr in attrs:
+                if attr[0] == "tt.divisibility":
+                    out[self._param(path)] = str(attr[1])
+        return out
+
+    def describe(self) -> str:
+        """One line: kernel, constexprs, warps and stages, then the specialized runtime arguments."""
+        constexprs = " ".join(f"{k}={v}" for k, v in self.constexprs().items())
+        special = " ".join(f"{k}:{v}" for k, v in self.specialized().items())
+        tail = f"w{self.options.get('num_warps')} s{self.options.get('num_stages')}"
+        return f"{self.name}[{constexprs} {tail}]({special})"
+
+
+def _tuples(value: Any) -> Any:
+    """JSON gives lists where the options held tuples; the options' hash is over their text."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def _variant(jit_function: Any, key: Any, compile_args: dict[str, Any], target: GPUTarget) -> Variant:
+    options = json.loads(compile_args["specialization_data"])["options"]
+    return Variant(
+        kernel=f"{jit_function.fn.__module__}:{jit_function.fn.__qualname__}",
+        signature=dict(compile_args["signature"]),
+        constants=dict(compile_args["constants"]),
+        attrs=dict(compile_args["configs"][0]),
+        options={k: _tuples(v) for k, v in options.items()},
+        target=target,
+        declared=tuple(p.name for p in jit_function.params if p.is_constexpr),
+        key=str(key),
+    )
+
+
+class _TargetOnlyDriver:
+    """Enough of a Triton driver for the JIT to bind and specialize launches for ``target`` on a machine
+    without that GPU; the collecting hook stops each launch before anything would need a device."""
+
+    def __init__(self, target: GPUTarget) -> None:
+        self.target = target
+
+    def get_current_target(self) -> GPUTarget:
+        return self.target
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_active_torch_device(self) -> Any:
+        import torch
+
+        return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def target_only_driver(target: GPUTarget) -> Iterator[None]:
+    """Triton's active driver replaced by one that only knows ``target`` (see :class:`_TargetOnlyDriver`)."""
+    previous = getattr(driver, "_active", None)
+    driver.set_active(_TargetOnlyDriver(target))
+    try:
+        yield
+    finally:
+        driver._active = previous
+
+
+def parse_arch(arch: str) -> GPUTarget:
+    """``"sm90"`` -> the CUDA target Triton compiles for on that architecture."""
+    if not (arch.startswith("sm") and arch[2:].isdigit()):
+        raise ValueError(f"arch must be like 'sm90', got {arch!r}")
+    return GPUTarget("cuda", int(arch[2:]), 32)
+
+
+@contextlib.contextmanager
+def collecting(
+    simulate: str | None = None, on_variant: Callable[[Variant], None] | None = None
+) -> Iterator[list[Variant]]:
+    """Within: every Triton launch that would compile is recorded (once per variant, in launch order)
+    and skipped: the kernel neither compiles nor runs, so its outputs are left unwritten. Launches of
+    kernels this process already compiled run as usual.
+
+    ``simulate="sm90"``: plan and specialize as on that GPU on a machine without it (the launchers get CPU
+    tensors under ``interpret=True``; see :func:`fuser.kernels.launch.simulating`). Only this thread's
+    launches are collected; other threads' compile and run as usual. ``on_variant`` is called with each
+    new variant as it is found (optimize() starts compiling it while the forward goes on).
+    """
+    found: dict[tuple[str, str], Variant] = {}
+    variants: list[Variant] = []
+    seen: dict[int, Any] = {}  # the JIT functions launched
+
+    previous = knobs.runtime.jit_cache_hook
+    owner = threading.get_ident()
+
+    def hook(*, key: Any, fn: Any, compile: dict[str, Any], **kwargs: Any) -> Any:
+        if threading.get_ident() != owner:  # another thread's launch: compiled and run as usual
+            return previous(key=key, fn=fn, compile=compile, **kwargs) if previous is not None else None
+        target = driver.active.get_current_target()  # the launch's device is current here
+        seen[id(fn.jit_function)] = fn.jit_function
+        ident = (str(key), repr(target))
+        if ident not in found:
+            found[ident] = _variant(fn.jit_function, key, compile, target)
+            variants.append(found[ident])
+            if on_variant is not None:
+                on_variant(found[ident])
+        return True
+
+    with contextlib.ExitStack() as stack:
+        if simulate is not None:
+            stack.enter_context(target_only_driver(parse_arch(simulate)))
+            stack.enter_context(launch.simulating(simulate))
+        knobs.runtime.jit_cache_hook = hook
+        try:
+            yield variants
+        finally:
+            knobs.runtime.jit_cache_hook = previous
+            if simulate is not None:  # the binders made for the pretended target must not serve a real GPU
+                for jit_function in seen.values():
+                    jit_function.device_caches.clear()
+
+
+# --- compiling -------------------------------------------------------------------------------------------
+
+
+def _resolve(kernel: str) -> Any:
+    module, _, qualname = kernel.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def compile_one(variant: Variant) -> float:
+    """Compile ``variant`` into Triton's cache (a no-op where it is there); the seconds it took."""
+    import triton
+    from triton.compiler import ASTSource
+
+    start = time.perf_counter()
+    src = ASTSource(_resolve(variant.kernel), variant.signature, variant.constants, variant.attrs)
+    triton.compile(src, target=variant.target, options=dict(variant.options))
+    return time.perf_counter() - start
+
+
+def default_workers() -> int:
+    """``FUSER_COMPILE_WORKERS`` if set, else one per CPU core this process may use (at most 32)."""
+    env = os.environ.get(WORKERS_ENV, "")
+    if env:
+        try:
+            return max(0, int(env))
+        except ValueError:
+            raise ValueError(f"{WORKERS_ENV} must be a whole number of worker processes, got {env!r}") from None
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_WORKERS, cores))
+
+
+class _Worker:
+    """One worker process (:func:`worker_main`, on this process's ``sys.path``): pickled variants in on
+    its stdin, pickled results out on its stdout; its stderr goes to a file, read back if it dies."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in close(), with the process)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _WORKER_BOOT],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            env=env,
+        )
+
+    def compile(self, variant: Variant) -> float:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        try:
+            pickle.dump(variant, self.process.stdin)
+            self.process.stdin.flush()
+            status, value = pickle.load(self.process.stdout)
+        except (EOFError, OSError, pickle.UnpicklingError):
+            code = self.process.poll()
+            raise RuntimeError(f"the compile worker stopped (exit code {code}): {self._log_tail()}") from None
+        if status != "ok":
+            raise RuntimeError(value)
+        return float(value)
+
+    def _log_tail(self) -> str:
+        self.log.seek(0)
+        lines = self.log.read().decode(errors="replace").strip().splitlines()
+        return " | ".join(lines[-3:]) or "no output"
+
+    def close(self) -> None:
+        """Stop the worker now (it keeps no state; one still importing need not finish)."""
+        with contextlib.suppress(OSError):
+            if self.process.stdin is not None:
+                self.process.stdin.close()
+        self.process.kill()
+        self.process.wait()
+        self.log.close()
+
+
+class Workers:
+    """Compile workers, started (and importing the kernels) as soon as this is made, so that a caller
+    that makes it before other work (optimize() before its graph passes) finds them ready. Use as a
+    context manager, or :meth:`close` it."""
+
+    def __init__(self, count: int | None = None) -> None:
+        self.count = default_workers() if count is None else count
+        self._workers: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._reset()
+        env = {
+            **os.environ,
+            "TRITON_CACHE_DIR": str(knobs.cache.dir),
+            "CUDA_VISIBLE_DEVICES": "",
+            "FUSER_WORKER_SYS_PATH": json.dumps(sys.path),
+        }
+        weakref.finalize(self, Workers._stop, self._workers)
+        for _ in range(self.count):
+            try:
+                self._workers.append(_Worker(env))
+            except OSError as error:  # no processes to be had: fewer workers (none: compile in-process)
+                warnings.warn(f"fuser: could not start a compile worker ({error})", RuntimeWarning, stacklevel=2)
+                break
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._stop(self._workers)
+
+    @staticmethod
+    def _stop(workers: list[_Worker]) -> None:
+        while workers:
+            workers.pop().close()
+
+    def compile(self, variants: Sequence[Variant], progress: CompileProgress | None = None) -> CompileReport:
+        """Compile every variant: :meth:`submit` each, then :meth:`finish`."""
+        for variant in variants:
+            self.submit(variant, progress)
+        return self.finish(progress)
+
+    def submit(self, variant: Variant, progress: CompileProgress | None = None) -> None:
+        """Queue ``variant``; the first call starts one feeding thread per worker, each handing its worker
+        the next queued variant as soon as the last one is compiled."""
+        if self._jobs is None:
+            self._jobs, self._start = queue.SimpleQueue(), time.perf_counter()
+            for worker in self._workers:
+                self._threads.append(threading.Thread(target=self._drain, args=(worker, progress), daemon=True))
+                self._threads[-1].start()
+        self._submitted += 1
+        self._jobs.put(variant)
+
+    def _drain(self, worker: _Worker | None, progress: CompileProgress | None) -> None:
+        assert self._jobs is not None
+        while True:
+            try:
+                variant = self._jobs.get() if worker is not None else self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            if variant is None:  # finish(): no more variants
+                return
+            try:
+                seconds = worker.compile(variant) if worker is not None else compile_one(variant)
+            except Exception as error:
+                if worker is None:  # it raises again at its launch, where Triton reports it
+                    continue
+                with self._lock:
+                    self._failed.append((variant, f"{type(error).__name__}: {error}"))
+                if worker.process.poll() is not None:
+                    return  # a dead worker takes no more jobs: the others (or this process) do
+                continue
+            with self._lock:
+                self._times.append((seconds, variant.name))
+                if progress is not None:
+                    progress.step(variant, len(self._times), self._submitted)
+
+    def finish(self, progress: CompileProgress | None = None) -> CompileReport:
+        """Wait for every submitted variant, compile here what no worker took or what a worker failed on
+        (one warning naming each of those, with the worker's error), and report."""
+        if self._jobs is None:
+            self._jobs = queue.SimpleQueue()
+        for _ in self._threads:
+            self._jobs.put(None)
+        for thread in self._threads:
+            thread.join()
+        self._drain(None, progress)  # what no worker took (there were none, or they all died)
+        failed = self._failed
+        if failed:
+            named = "; ".join(f"{variant.describe()}: {error}" for variant, error in failed)
+            warnings.warn(
+                f"fuser: compiling {len(failed)} kernel variant(s) in a worker process failed, compiling them "
+                f"in this process instead: {named}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        for variant, _ in failed:
+            with contextlib.suppress(Exception):  # it fails again at its launch, with Triton's own error
+                compile_one(variant)
+        longest = max(self._times, default=(0.0, ""))
+        report = CompileReport(
+            self._submitted, len(self._workers), time.perf_counter() - self._start, len(failed),
+            sum(t for t, _ in self._times), longest[0], longest[1],
+        )  # fmt: skip
+        self._reset()
+        if progress is not None:
+            progress.finish(report)
+        return report
+
+    def _reset(self) -> None:
+        self._jobs: queue.SimpleQueue[Variant | None] | None = None
+        self._threads: list[threading.Thread] = []
+        self._failed: list[tuple[Variant, str]] = []  # by a worker: compiled again here
+        self._times: list[tuple[float, str]] = []
+        self._submitted = 0
+        self._start = time.perf_counter()
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    """What :meth:`Workers.compile` did: variants, workers, wall seconds, variants compiled in this process
+    after a worker failed; the compile seconds summed over the variants (against ``seconds``: how well the
+    workers overlapped) and the longest one's (a floor on ``seconds``) with its kernel."""
+
+    variants: int
+    workers: int
+    seconds: float
+    retried_in_process: int = 0
+    compile_s_sum: float = 0.0
+    longest_s: float = 0.0
+    longest_kernel: str = ""
+
+
+class CompileProgress(Progress):
+    """The compile progress line on stderr (the tuning line's drawing: in place on a terminal)."""
+
+    def __init__(self, stream: Any = None, min_variants: int = 8) -> None:
+        super().__init__(stream)
+        self.quiet_below = min_variants
+
+    def step(self, variant: Variant, done: int, total: int) -> None:  # type: ignore[override]
+        if total < self.quiet_below:
+            return
+        width = 20
+        filled = width * done // max(1, total)
+        elapsed = time.perf_counter() - self.start
+        bar = "#" * filled + "." * (width - filled)
+        text = f"fuser compile: [{bar}] {done}/{total} {variant.name} | {elapsed:.1f} s"
+        self._write(text, final=False)
+
+    def finish(self, report: CompileReport) -> None:
+        if report.variants < self.quiet_below:
+            return
+        if self._drawn:
+            self.stream.write("\n")
+        self.stream.write(
+            f"fuser compile: {report.variants} kernel variants on {report.workers} workers in {report.seconds:.1f} s\n"
+        )
+        self.stream.flush()
+        self._drawn = False
+
+
+def compile_variants(
+    variants: Sequence[Variant], *, workers: Workers | int | None = None, progress: bool = True
+) -> CompileReport:
+    """Compile ``variants`` into Triton's cache with ``workers`` (a running :class:`Workers`, a count, or
+    None for :func:`default_workers`); 0 workers compile in this process."""
+    reporter = CompileProgress() if progress else None
+    if isinstance(workers, Workers):
+        return workers.compile(variants, reporter)
+    count = default_workers() if workers is None else workers
+    with Workers(min(count, len(variants))) as pool:
+        return pool.compile(variants, reporter)
+
+
+# --- the optimize() step ---------------------------------------------------------------------------------
+
+
+_last_report: CompileReport | None = None
+
+
+def last_report() -> CompileReport | None:
+    """What the latest compile ahead of this process did (None: none ran): for benchmarks and tests."""
+    return _last_report
+
+
+class Ahead:
+    """Compiling a model's kernels ahead of its first forward, as optimize() does on CUDA: made before
+    the graph passes (the workers start importing), then :meth:`compile` with the example forward, then
+    :meth:`close`. Inactive (``enabled=False``, or ``FUSER_COMPILE_WORKERS=0``) it does nothing."""
+
+    def __init__(self, enabled: bool) -> None:
+        count = default_workers() if enabled else 0
+        self.workers = Workers(count) if count > 0 else None
+
+    def close(self) -> None:
+        if self.workers is not None:
+            self.workers.close()
+            self.workers = None
+
+    def compile(self, forward: Callable[[], Any]) -> CompileReport | None:
+        """Run ``forward`` collecting, the workers compiling each variant as soon as it is found, and wait
+        for them. Nothing while tuning (measuring needs each candidate's kernel run, and compiles it as
+        it goes). A forward that fails while collecting (it runs on unwritten kernel outputs) is only
+        warned about: the real forward then compiles what the workers have not."""
+        global _last_report
+        if self.workers is None or autotune.tuning_enabled():
+            return None
+        workers, progress = self.workers, CompileProgress()
+
+        def submit(variant: Variant) -> None:
+            # A kernel of the user's script is not importable by a worker: the JIT compiles it at its launch.
+            if not variant.kernel.startswith("__main__:"):
+                workers.submit(variant, progress)
+
+        try:
+            with collecting(on_variant=submit):
+                forward()
+        except Exception as error:
+            warnings.warn(
+                f"fuser: the forward that lists the kernels to compile ahead raised {type(error).__name__}: "
+                f"{error}; the kernels it did not reach compile at their first launch",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        report = workers.finish(progress)
+        _last_report = report if report.variants else None
+        return _last_report
+
+
+# --- the worker ------------------------------------------------------------------------------------------
+
+
+def _serve(inp: BinaryIO, out: BinaryIO) -> None:
+    while True:
+        try:
+            variant = pickle.load(inp)
+        except EOFError:
+            return
+        try:
+            reply: tuple[str, Any] = ("ok", compile_one(variant))
+        except Exception as error:
+            reply = ("error", f"{type(error).__name__}: {error}")
+        pickle.dump(reply, out)
+        out.flush()
+
+
+_WORKER_BOOT = (
+    "import json, os, sys; sys.path[:] = json.loads(os.environ['FUSER_WORKER_SYS_PATH']); "
+    "from fuser.kernels.precompile import worker_main; worker_main()"
+)
+
+
+def worker_main() -> None:
+    """A compile worker's loop: variants in on stdin, results out on stdout, until stdin closes."""
+    # Replies go out on a private copy of stdout; anything the compiler prints goes to stderr.
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    importlib.import_module("fuser.kernels")  # the kernels, imported before the first job arrives
+    _serve(sys.stdin.buffer, out)

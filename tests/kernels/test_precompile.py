@@ -1,0 +1,287 @@
+"""Compiling ahead (fuser.kernels.precompile): the variants a launch needs are listed without a GPU, the
+workers' compiles land under the key the JIT looks up, a worker's failure falls back to this process, and
+layers that differ only in their conv geometry share one compiled variant.
+
+The CPU tests compile for sm_90 with the ptxas bundled in the triton wheel; the JIT's own lookup runs
+under a driver that knows only that target, warming up (compile or cache lookup) instead of launching."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import sys
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import triton
+from triton import knobs
+from triton.runtime.jit import JITFunction
+
+from fuser.kernels import (
+    Activation,
+    Epilogue,
+    Precision,
+    autotune,
+    conv,
+    conv2d_act,
+    depthwise,
+    direct_conv,
+    gemm,
+    gemm_act,
+    launch,
+    pack_conv_weight,
+    pack_gemm_weight,
+    precompile,
+    splitk,
+)
+from fuser.kernels.autotune import TileConfig
+from fuser.kernels.epilogue import Residual
+
+PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+needs_ptxas = pytest.mark.skipif(not PTXAS.exists(), reason=f"triton's bundled ptxas is not at {PTXAS}")
+SM90 = precompile.parse_arch("sm90")
+TILE = TileConfig(64, 32, 32, 8, 4, 3)
+
+
+def forget_compiled() -> None:
+    """Empty the JIT's in-memory kernels of fuser's kernels, so the next launch looks Triton's cache up."""
+    for module in (conv, gemm, splitk, depthwise, direct_conv):
+        for obj in vars(module).values():
+            if isinstance(obj, JITFunction):
+                obj.device_caches.clear()
+
+
+@pytest.fixture
+def triton_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """An empty Triton cache for this test (the workers inherit it through the environment)."""
+    cache = tmp_path / "triton"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    forget_compiled()
+    yield cache
+    forget_compiled()
+
+
+def conv_layer(stride: int = 1, padding: int = 1, dilation: int = 1, tile: TileConfig | None = None) -> None:
+    """One fused 3x3 conv launch on odd sizes."""
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(1, 32, 19, 23, generator=gen).to(memory_format=torch.channels_last)
+    w = pack_conv_weight(torch.randn(48, 32, 3, 3, generator=gen), groups=1, precision=Precision("tf32"))
+    conv2d_act(x, w, torch.randn(48, generator=gen), stride=stride, padding=padding, dilation=dilation,
+               epilogue=Epilogue(Activation.SILU), interpret=True, tile=tile)  # fmt: skip
+
+
+def gemm_layer() -> None:
+    """One fused GEMM launch with a residual, on odd sizes."""
+    gen = torch.Generator().manual_seed(3)
+    a = torch.randn(37, 96, generator=gen)
+    w = pack_gemm_weight(torch.randn(80, 96, generator=gen), precision=Precision("tf32"))
+    gemm_act(a, w, torch.randn(80, generator=gen), epilogue=Epilogue(Activation.GELU, residual=Residual.AFTER_ACT),
+             residual=torch.randn(37, 80, generator=gen), interpret=True)  # fmt: skip
+
+
+def collect(*launches: Callable[[], Any]) -> list[precompile.Variant]:
+    with precompile.collecting(simulate="sm90") as variants:
+        for run in launches:
+            run()
+    return variants
+
+
+def record_compiles(patch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
+    """(kernel, found in Triton's cache) for each compile this process does from now on (Triton's listener)."""
+    events: list[tuple[str, bool]] = []
+
+    def listener(*, src: Any, cache_hit: bool, **_: Any) -> None:
+        events.append((src.name, cache_hit))
+
+    patch.setattr(knobs.compilation, "listener", listener)
+    return events
+
+
+def jit_lookups(monkeypatch: pytest.MonkeyPatch, *launches: Callable[[], Any]) -> list[tuple[str, bool]]:
+    """:func:`record_compiles` of the JIT's own compiles for ``launches``, planned as on an sm_90 GPU;
+    ``kernel[grid](...)`` warms up (compiles or loads) instead of launching."""
+    with monkeypatch.context() as patch, contextlib.ExitStack() as stack:
+        warm = lambda self, grid: lambda *a, **k: self.run(*a, grid=grid, warmup=True, **k)
+        patch.setattr(JITFunction, "__getitem__", warm)
+        events = record_compiles(patch)
+        stack.enter_context(precompile.target_only_driver(SM90))
+        stack.enter_context(launch.simulating("sm90"))
+        for run in launches:
+            run()
+    forget_compiled()
+    return events
+
+
+def test_collecting_lists_each_variant_once_and_launches_nothing():
+    variants = collect(conv_layer, conv_layer, gemm_layer)
+    names = [v.name for v in variants]
+    assert names.count("_conv2d_act_kernel") == 1  # the same launch twice is one variant
+    assert "_gemm_act_kernel" in names
+    conv_variant = next(v for v in variants if v.name == "_conv2d_act_kernel")
+    assert conv_variant.constexprs()["KH"] == 3 and conv_variant.constexprs()["ACT"] == int(Activation.SILU)
+    assert conv_variant.specialized()["C_IN_G"] == "16"  # 32 input channels: Triton's divisibility mark
+    assert conv_variant.options["arch"] == "sm90"
+    assert "KH=3" in conv_variant.describe() and "C_IN_G:16" in conv_variant.describe()
+
+
+def test_conv_geometry_does_not_split_the_variant():
+    """Stride, padding and dilation are runtime arguments Triton does not specialize: one compile for all."""
+    variants = collect(
+        lambda: conv_layer(1, 1, 1, TILE), lambda: conv_layer(2, 0, 1, TILE), lambda: conv_layer(1, 2, 2, TILE)
+    )
+    assert len(variants) == 1, "\n".join(v.describe() for v in variants)
+    for name in ("stride_h", "pad_top", "dil_h"):
+        assert name not in variants[0].specialized()
+
+
+def test_a_plan_the_interpreter_made_is_not_listed():
+    """The interpreter plans this signature first (its own tile, one stage); the listing plans afresh,
+    as on the GPU (the conv candidates all pipeline over at least two stages)."""
+    conv_layer()
+    variant = collect(conv_layer)[0]
+    assert variant.options["num_stages"] >= 2 and variant.constexprs()["GROUP_M"] != conv.INTERPRET_CONFIG.group_m
+
+
+@needs_ptxas
+def test_workers_fill_the_cache_the_jit_looks_up(triton_cache: Path, monkeypatch: pytest.MonkeyPatch):
+    """Every variant but the first compiled by two workers: the JIT then finds exactly those in the cache
+    and compiles only the first (so the test fails both ways: a key mismatch, or a lookup not made)."""
+    launches = (conv_layer, lambda: conv_layer(tile=TILE), gemm_layer)
+    variants = collect(*launches)
+    assert len(variants) >= 3
+    report = precompile.compile_variants(variants[1:], workers=2, progress=False)
+    assert report.variants == len(variants) - 1 and report.workers == 2 and report.retried_in_process == 0
+    assert report.longest_kernel in {v.name for v in variants[1:]} and 0 < report.longest_s <= report.compile_s_sum
+    events = jit_lookups(monkeypatch, *launches)
+    assert events[0] == (variants[0].name, False)
+    assert events[1:] == [(v.name, True) for v in variants[1:]]
+
+
+@needs_ptxas
+def test_a_worker_failure_names_the_variant_and_compiles_here(triton_cache: Path, monkeypatch: pytest.MonkeyPatch):
+    """A kernel the workers cannot import (its module exists only in this process) is compiled here,
+    after a warning naming it with its constexprs, warps and stages; the JIT then finds it cached."""
+    variant = next(v for v in collect(gemm_layer) if v.name == "_gemm_act_kernel")
+    module = types.ModuleType("fuser_precompile_test_only")
+    module.kernel = gemm._gemm_act_kernel  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    moved = dataclasses.replace(variant, kernel=f"{module.__name__}:kernel")
+    config = f"w{variant.options['num_warps']} s{variant.options['num_stages']}"
+    message = (
+        r"compiling 1 kernel variant\(s\) in a worker process failed, compiling them in this process instead: "
+        rf"kernel\[.*{config}\].*: RuntimeError: ModuleNotFoundError"
+    )
+    with pytest.warns(RuntimeWarning, match=message):
+        report = precompile.compile_variants([moved], workers=1, progress=False)
+    assert report.retried_in_process == 1
+    events = jit_lookups(monkeypatch, gemm_layer)
+    assert ("_gemm_act_kernel", True) in events
+
+
+def test_worker_count_setting(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(precompile.WORKERS_ENV, "3")
+    assert precompile.default_workers() == 3
+    monkeypatch.setenv(precompile.WORKERS_ENV, "many")
+    with pytest.raises(ValueError, match="FUSER_COMPILE_WORKERS must be a whole number"):
+        precompile.default_workers()
+
+
+def test_parse_arch_rejects_other_spellings():
+    assert precompile.parse_arch("sm100").arch == 100
+    with pytest.raises(ValueError, match="arch must be like 'sm90'"):
+        precompile.parse_arch("hopper")
+
+
+@needs_ptxas
+def test_ahead_collects_the_forward_and_compiles_it(triton_cache: Path, monkeypatch: pytest.MonkeyPatch):
+    """optimize()'s step, on the CPU: the forward's launches (planned as on sm_90) are compiled by the
+    workers, so the JIT's lookups of the same launches all hit."""
+    monkeypatch.setenv(precompile.WORKERS_ENV, "2")
+    launches = (conv_layer, gemm_layer)
+    ahead = precompile.Ahead(True)
+    try:
+        with precompile.target_only_driver(SM90), launch.simulating("sm90"):
+            report = ahead.compile(lambda: [run() for run in launches])
+    finally:
+        ahead.close()
+    assert report is not None and report is precompile.last_report()
+    assert report.variants >= 2 and report.retried_in_process == 0
+    events = jit_lookups(monkeypatch, *launches)
+    assert len(events) == report.variants and all(hit for _, hit in events), events
+
+
+def test_ahead_skips_while_tuning_and_warns_when_the_forward_fails(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(precompile.WORKERS_ENV, "1")
+    monkeypatch.setenv("FUSER_AUTOTUNE", "1")
+    calls = []
+
+    def failing() -> None:
+        calls.append(1)
+        raise IndexError("a data-dependent step on unwritten outputs")
+
+    ahead = precompile.Ahead(True)
+    try:
+        assert ahead.compile(failing) is None and not calls  # not even run: tuning compiles as it measures
+        monkeypatch.setenv("FUSER_AUTOTUNE", "0")
+        with pytest.warns(RuntimeWarning, match="compile ahead raised IndexError: a data-dependent"):
+            assert ahead.compile(failing) is None
+        assert calls == [1]
+    finally:
+        ahead.close()
+    assert precompile.Ahead(False).workers is None
+
+
+@pytest.mark.gpu
+def test_optimize_compiles_ahead_so_the_forward_only_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """optimize() on CUDA with empty caches: the workers compile every variant (none falls back), every
+    compile the example forward and its CUDA graph recording then do in this process finds its kernel in
+    Triton's cache, and the result is right."""
+    import fuser
+    from fuser import models
+    from tests.accuracy import reference64, rel_error
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    autotune.set_cache_dir(tmp_path / "tiles")
+    forget_compiled()
+    events = record_compiles(monkeypatch)
+    try:
+        model = models.build("resnet26", width=8)
+        x = models.example_input("resnet26", batch=3, size=(45, 37), seed=2)
+        fused = fuser.optimize(model.cuda(), (x.cuda(),))
+        report = precompile.last_report()
+        assert report is not None and report.variants >= 3 and report.workers >= 1
+        assert report.retried_in_process == 0
+        assert events, "the forward compiled nothing in this process"
+        assert [name for name, hit in events if not hit] == [], f"compiled here, not ahead: {events}"
+        with torch.no_grad():
+            out = fused(x.cuda())
+        assert rel_error(out, reference64(model.cpu(), x)) < 1e-2
+    finally:
+        autotune.set_cache_dir(None)
+        forget_compiled()
+
+
+def test_compile_progress_line():
+    """The progress line names the kernel being compiled and ends with the totals; quiet for a few."""
+    variant = collect(gemm_layer)[0]
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    progress = precompile.CompileProgress(stream, min_variants=2)
+    progress.step(variant, 1, 3)
+    progress.step(variant, 3, 3)
+    progress.finish(precompile.CompileReport(variants=3, workers=2, seconds=1.25))
+    text = stream.getvalue()
+    assert f"] 1/3 {variant.name}" in text and "[####################] 3/3" in text
+    assert text.endswith("fuser compile: 3 kernel variants on 2 workers in 1.2 s\n")
+    quiet = io.StringIO()
+    precompile.CompileProgress(quiet, min_variants=8).finish(precompile.CompileReport(3, 2, 1.0))
+    assert quiet.getvalue() == ""
