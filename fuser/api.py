@@ -33,6 +33,7 @@ from fuser.pool_pyramid import fuse_pool_pyramids
 from fuser.precision import torch_precision
 from fuser.report import ChainReport, FusionReport
 from fuser.rewrite import rewrite_chains
+from fuser.tf32_rounding import mark_tf32_rounded_outputs
 
 ModelLike = nn.Module | str | os.PathLike
 
@@ -259,6 +260,8 @@ def _run_pipeline(
             entries = [ChainReport.from_chain(c, True, kernel=_kernel_for(c, graph.gm)) for c in result.accepted]
             entries += [ChainReport.from_chain(r.chain, False, reason=r.reason) for r in result.rejected]
             rewritten = rewrite and (rewrite_chains(graph.gm, result.accepted, policy, backend) or rewrites)
+            if rewritten:
+                mark_tf32_rounded_outputs(graph.gm)
             rewrites += eliminate_cats(graph.gm) if rewritten else []
         except Exception as error:  # never fail the user's model over one graph: leave it as it was
             if strict():

@@ -95,6 +95,12 @@ class _FusedBase(nn.Module):
             return native
         return self.precision
 
+    def set_epilogue(self, epilogue: Epilogue) -> None:
+        """Replace the epilogue (a graph pass's decision, such as fuser.tf32_rounding's), renewing what was
+        derived from it: the custom op's arguments and the kept calls."""
+        self.epilogue = epilogue
+        self._renew()
+
     def _pack(self, weight: torch.Tensor) -> torch.Tensor | None:
         raise NotImplementedError
 
