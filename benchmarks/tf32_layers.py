@@ -6,10 +6,11 @@
 The models are those of the GPU benchmark (benchmarks.real_models: random weights, BN statistics
 randomized and calibrated), so the numbers compare with its ``rel_error`` rows.
 
-Prints the model-level error of four runs against float64: the original as cuDNN runs it (operands rounded
-to nearest), fuser's kernels as they were (activations truncated), fuser with the TF32-rounded epilogue
-stores (fuser.tf32_rounding; the inputs no producer rounds stay truncated), and fuser with every operand
-rounded to nearest; with --layers, the per-layer table of each fuser run.
+Prints the model-level error against float64 of the original as cuDNN runs it (operands rounded to
+nearest) and of fuser's kernels four ways: as they were (activations truncated), with the TF32-rounded
+epilogue stores only (fuser.tf32_rounding; the inputs no producer rounds stay truncated), with those and
+the weights' truncation compensation (what optimize() builds), and with every operand rounded to nearest
+(what rounding the A operand inside the kernels would give); with --layers, each run's per-layer table.
 """
 
 from __future__ import annotations
@@ -27,12 +28,15 @@ from fuser.tf32_emulation import emulate_tf32
 from fuser.verification import output_error, verify
 
 
-def unrounded(optimized: torch.nn.Module) -> torch.nn.Module:
-    """A copy of ``optimized`` whose kernels store every output as computed (no TF32-rounded stores)."""
+def without(optimized: torch.nn.Module, stores: bool, gains: bool) -> torch.nn.Module:
+    """A copy of ``optimized`` without its TF32-rounded stores (``stores``) and/or its truncation gains."""
     plain = copy.deepcopy(optimized)
     for m in plain.modules():
-        if isinstance(m, (FusedConv2d, FusedLinear)) and m.epilogue.round_tf32:
-            m.set_epilogue(replace(m.epilogue, round_tf32=False))
+        if isinstance(m, (FusedConv2d, FusedLinear)):
+            if stores and m.epilogue.round_tf32:
+                m.set_epilogue(replace(m.epilogue, round_tf32=False))
+            if gains:
+                m.set_tf32_input_gain(None)
     return plain
 
 
@@ -48,7 +52,11 @@ def main() -> None:
     optimized = fuser.optimize(model, (x,), backend="torch", cuda_graphs=False)
     marked = sum(1 for m in optimized.modules() if isinstance(m, (FusedConv2d, FusedLinear)) and m.epilogue.round_tf32)
     fused = sum(1 for m in optimized.modules() if isinstance(m, (FusedConv2d, FusedLinear)))
-    print(f"{args.model} {tuple(x.shape)}: {fused} fused modules, {marked} store TF32-rounded outputs")
+    gained = sum(1 for m in optimized.modules() if getattr(m, "tf32_input_gain", None) is not None)
+    print(
+        f"{args.model} {tuple(x.shape)}: {fused} fused modules, {marked} store TF32-rounded outputs, "
+        f"{gained} compensate truncated inputs"
+    )
 
     with torch.no_grad():
         ref = copy.deepcopy(model).double()(x.double())
@@ -58,9 +66,10 @@ def main() -> None:
     print(f"  float32 (no TF32)                   {output_error(fp32, ref)[0]:.2e}")
     print(f"  cuDNN tf32 (operands to nearest)    {output_error(cudnn, ref)[0]:.2e}")
     runs = [
-        ("fuser, activations truncated", unrounded(optimized), "truncate"),
-        ("fuser, rounded epilogue stores", optimized, "truncate"),
-        ("fuser, every operand to nearest", optimized, "nearest"),
+        ("fuser, activations truncated", without(optimized, stores=True, gains=True), "truncate"),
+        ("fuser, rounded epilogue stores", without(optimized, stores=False, gains=True), "truncate"),
+        ("fuser, stores + compensation", optimized, "truncate"),
+        ("fuser, every operand to nearest", without(optimized, stores=False, gains=True), "nearest"),
     ]
     for label, module, activations in runs:
         with emulate_tf32(module, activations):

@@ -33,7 +33,7 @@ from fuser.pool_pyramid import fuse_pool_pyramids
 from fuser.precision import torch_precision
 from fuser.report import ChainReport, FusionReport
 from fuser.rewrite import rewrite_chains
-from fuser.tf32_rounding import mark_tf32_rounded_outputs
+from fuser.tf32_rounding import compensate_truncated_inputs, mark_tf32_rounded_outputs
 
 ModelLike = nn.Module | str | os.PathLike
 
@@ -262,6 +262,7 @@ def _run_pipeline(
             rewritten = rewrite and (rewrite_chains(graph.gm, result.accepted, policy, backend) or rewrites)
             if rewritten:
                 mark_tf32_rounded_outputs(graph.gm)
+                compensate_truncated_inputs(graph.gm)
             rewrites += eliminate_cats(graph.gm) if rewritten else []
         except Exception as error:  # never fail the user's model over one graph: leave it as it was
             if strict():

@@ -10,8 +10,9 @@ on operands rounded as the GPU rounds them.
 
 - Inside a fused module (fuser.fused_modules) whose kernel runs a tensor-core dot under "tf32": the input
   operand as ``fused_activations`` says ("truncate": what the kernels do; "nearest": what rounding every
-  operand first would give), the weight to nearest (as packing stores it), and the output rounded to
-  nearest where the epilogue says the kernel stores it so (``Epilogue.round_tf32``).
+  operand first would give), the weight scaled by its truncation compensation (``tf32_input_gain``,
+  fuser.tf32_rounding) and rounded to nearest, as packing stores it, and the output rounded to nearest
+  where the epilogue says the kernel stores it so (``Epilogue.round_tf32``).
 - Everywhere else (the original model, and the ops fuser left unfused, which run cuDNN / cuBLAS): both
   operands of every conv, linear and matmul rounded to nearest, except depthwise convs, which cuDNN runs
   on the FMA units in float32.
@@ -34,6 +35,7 @@ from torch.overrides import TorchFunctionMode
 from fuser.backends import decomposed
 from fuser.fused_modules import FusedConv2d, FusedLinear
 from fuser.kernels.conv_choice import is_depthwise
+from fuser.kernels.packing import scale_input_channels
 from fuser.kernels.precision import Precision, round_to_tf32
 from fuser.tf32_rounding import reads_input_on_tensor_cores
 
@@ -67,9 +69,14 @@ class _Tf32Mode(TorchFunctionMode):
     def _roundings(self, depthwise: bool) -> tuple[Callable, Callable]:
         """(input operand, weight operand) roundings for a dot at this point of the forward."""
         if self.inside:
-            if not reads_input_on_tensor_cores(self.inside[-1]):
+            module = self.inside[-1]
+            if not reads_input_on_tensor_cores(module):
                 return _identity, _identity
-            return self.fused_activations, round_to_tf32
+            gain = module.tf32_input_gain
+            if gain is None:
+                return self.fused_activations, round_to_tf32
+            groups = module.groups if isinstance(module, FusedConv2d) else 1
+            return self.fused_activations, lambda w: round_to_tf32(scale_input_channels(w, gain, groups))
         return (_identity, _identity) if depthwise else (round_to_tf32, round_to_tf32)
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:

@@ -1,5 +1,6 @@
-"""TF32 rounding to nearest (as cuBLAS and cuDNN round), not truncation: the weights at packing time, and
-the epilogue's store of values that only TF32 dots read (every kernel, in the interpreter)."""
+"""TF32 rounding to nearest (as cuBLAS and cuDNN round), not truncation: the weights at packing time, the
+epilogue's store of values that only TF32 dots read (every kernel, in the interpreter), and the packed
+weights' compensation of the truncation the tensor cores apply to the other inputs."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from fuser.kernels import (
 )
 from fuser.kernels.autotune import TileConfig
 from fuser.kernels.conv_choice import conv_kernel
-from fuser.kernels.precision import round_to_tf32
+from fuser.kernels.packing import scale_input_channels
+from fuser.kernels.precision import TRUNCATION_GAIN, round_to_tf32
 
 
 def mantissa_low_bits(t: torch.Tensor) -> torch.Tensor:
@@ -151,3 +153,32 @@ def test_rounded_store_keeps_inf_nan_and_signs() -> None:
     assert not mantissa_low_bits(out[3:]).any()
     assert out[5].item() == 1.0 + 2.0**-10 and out[6].item() == 1.0 + 2.0**-9  # ties away from zero
     assert out[7].item() == -(1.0 + 2.0**-10)
+
+
+def test_input_gain_scales_the_columns_of_each_input_channel() -> None:
+    w = torch.randn(10, 3, 3, 3)  # a grouped conv: 6 input channels in 2 groups, 5 output channels each
+    gain = torch.tensor([1.0, 2.0, 3.0, 5.0, 7.0, 11.0])
+    scaled = scale_input_channels(w, gain, groups=2)
+    for o in range(10):
+        for c in range(3):
+            assert torch.equal(scaled[o, c], w[o, c] * gain[(o // 5) * 3 + c])
+    assert torch.equal(scale_input_channels(torch.ones(4, 6), gain), gain.expand(4, 6))
+    with pytest.raises(ValueError, match="input gain has 5 entries for a weight of 6 input channels"):
+        scale_input_channels(w, gain[:5], groups=2)
+
+
+def test_input_gain_is_packed_only_where_the_tensor_cores_truncate() -> None:
+    w = torch.randn(21, 19, 3, 3)
+    gain = torch.where(torch.arange(19) % 2 == 0, 1.0, TRUNCATION_GAIN)
+    compensated = pack_conv_weight(w, "tf32", input_gain=gain).data
+    assert torch.equal(compensated, pack_conv_weight(w * gain[None, :, None, None], "tf32").data)
+    assert not torch.equal(compensated, pack_conv_weight(w, "tf32").data)
+    for precision in ("ieee", "tf32x3", "bf16"):  # nothing truncates there
+        assert torch.equal(pack_conv_weight(w, precision, input_gain=gain).data, pack_conv_weight(w, precision).data)
+    stem, dw = torch.randn(16, 3, 3, 3), torch.randn(19, 1, 3, 3)  # direct and depthwise kernels: FMA units
+    assert torch.equal(pack_conv_weight(stem, "tf32", input_gain=gain[:3]).data, pack_conv_weight(stem, "tf32").data)
+    assert torch.equal(pack_conv_weight(dw, "tf32", 19, input_gain=gain).data, pack_conv_weight(dw, "tf32", 19).data)
+    lin = torch.randn(37, 19)
+    packed = pack_gemm_weight(lin, "tf32", input_gain=gain).data
+    assert torch.equal(packed, pack_gemm_weight(lin * gain, "tf32").data)
+    assert abs((1 - 1 / TRUNCATION_GAIN) - 2.0**-11 / (2 * math.log(2))) < 1e-12  # about 3.5e-4

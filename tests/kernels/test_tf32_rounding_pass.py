@@ -1,7 +1,10 @@
 """fuser.tf32_rounding: which fused outputs the kernels store rounded to TF32 (only those that nothing but a
-TF32 tensor-core dot reads), and that the flag reaches exactly those kernels' launches."""
+TF32 tensor-core dot reads), that the flag reaches exactly those kernels' launches, and which input
+channels of which dots get their truncation compensated in the packed weights."""
 
 from __future__ import annotations
+
+import io
 
 import pytest
 import torch
@@ -12,6 +15,8 @@ from toy_models import seeded
 
 import fuser
 from fuser.fused_modules import FusedConv2d, FusedLinear
+from fuser.kernels import pack_conv_weight
+from fuser.kernels.precision import TRUNCATION_GAIN
 
 
 def cba(c_in: int, c_out: int, k: int = 1, groups: int = 1) -> nn.Sequential:
@@ -39,8 +44,9 @@ class Mixed(nn.Module):
         self.last = cba(19, 23)  # a graph output: as computed
         self.fc1 = nn.Linear(23, 29)  # (with its GELU) -> fc2 only: rounded
         self.fc2 = nn.Linear(29, 13)  # a graph output: as computed
+        self.mixed = cba(11 + 19, 17)  # reads a rounded value and an unrounded one, concatenated
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         s = self.stem(x)
         p = self.to_pool_cat(s)
         pooled = F.max_pool2d(p, 3, 1, 1)
@@ -52,19 +58,24 @@ class Mixed(nn.Module):
         y = self.with_residual(r) + r
         d = self.depthwise(self.to_depthwise(y)) + self.other(y)
         z = self.last(self.to_mul(d) * torch.sigmoid(d))
-        return z, torch.tanh(self.fc2(F.gelu(self.fc1(z.mean((2, 3))))))
+        mixed = self.mixed(F.max_pool2d(torch.cat([up, d], 1), 3, 1, 1))
+        return z, torch.tanh(self.fc2(F.gelu(self.fc1(z.mean((2, 3)))))), mixed
 
 
 ROUNDED = {"stem", "to_pool_cat", "to_upsample", "a", "b", "with_residual", "fc1"}
 
 
-def _marks(optimized: nn.Module) -> dict[str, bool]:
-    """Fused module -> its round_tf32 flag, keyed by the first module of the chain it replaced."""
+def _fused(optimized: nn.Module) -> dict[str, FusedConv2d | FusedLinear]:
+    """Fused module by the first module of the chain it replaced."""
     found = {}
     for m in optimized.modules():
         if isinstance(m, (FusedConv2d, FusedLinear)):
-            found[m.source.split(".")[0].split(" ")[0].strip("{")] = m.epilogue.round_tf32
+            found[m.source.split(".")[0].split(" ")[0].strip("{")] = m
     return found
+
+
+def _marks(optimized: nn.Module) -> dict[str, bool]:
+    return {name: m.epilogue.round_tf32 for name, m in _fused(optimized).items()}
 
 
 def _optimized(precision: str = "tf32", backend: str = "torch") -> tuple[nn.Module, torch.Tensor]:
@@ -76,7 +87,7 @@ def _optimized(precision: str = "tf32", backend: str = "torch") -> tuple[nn.Modu
 def test_marks_exactly_the_outputs_only_tf32_dots_read() -> None:
     optimized, _ = _optimized()
     marks = _marks(optimized)
-    assert len(marks) == 14, marks
+    assert len(marks) == 15, marks
     assert {name for name, rounded in marks.items() if rounded} == ROUNDED
     assert "tf32 store" in repr(optimized)
 
@@ -94,13 +105,56 @@ def test_flag_reaches_the_launches_of_the_marked_modules(monkeypatch: pytest.Mon
         out = optimized(x)
     flags = [kwargs["ROUND_TF32"] for _, kwargs in seen]
     expected = [m.epilogue.round_tf32 for m in optimized.modules() if isinstance(m, (FusedConv2d, FusedLinear))]
-    assert len(flags) == len(expected) == 14  # one launch per fused module
+    assert len(flags) == len(expected) == 15  # one launch per fused module
     assert sorted(flags) == sorted(expected) and sum(flags) == len(ROUNDED)
     # and the rounded stores change the result by TF32 rounding only
     with torch.no_grad():
         plain = fuser.optimize(seeded(Mixed()).eval(), (x,), precision="ieee", backend="interpret")(x)
     for o, p in zip(out, plain, strict=True):
         assert (o - p).norm() / p.norm() < 2e-3
+
+
+def test_truncated_input_channels_get_the_gain() -> None:
+    optimized, _ = _optimized()
+    gains = {name: m.tf32_input_gain for name, m in _fused(optimized).items()}
+    g = TRUNCATION_GAIN
+    # every input channel stored rounded, or not read on the tensor cores (the direct stem, depthwise)
+    for name in (
+        "stem",
+        "to_pool_cat",
+        "to_upsample",
+        "a",
+        "b",
+        "to_residual",
+        "to_depthwise",
+        "other",
+        "depthwise",
+        "fc2",
+    ):
+        assert gains[name] is None, name
+    # inputs made by an add, a mul, a mean, or an unrounded producer: every channel
+    for name, channels in (("with_residual", 21), ("to_mul", 19), ("last", 19), ("fc1", 23)):
+        assert torch.equal(gains[name], torch.full((channels,), g)), name
+    # a concatenation (through a max pool) of 11 rounded channels and 19 unrounded ones
+    assert torch.equal(gains["mixed"], torch.tensor([1.0] * 11 + [g] * 19))
+    # and the packed weight is the rounded, compensated one
+    mixed = _fused(optimized)["mixed"]
+    expected = pack_conv_weight(mixed.weight * gains["mixed"][None, :, None, None], "tf32").data
+    assert torch.equal(fuser.kernels.pack_conv_weight(mixed.weight, "tf32", input_gain=gains["mixed"]).data, expected)
+
+
+def test_gain_is_derived_data() -> None:
+    """Not in the state dict; kept through torch.save; no gain outside tf32."""
+    optimized, _ = _optimized()
+    fc1 = _fused(optimized)["fc1"]
+    assert not any("tf32_input_gain" in k for k in optimized.state_dict())
+    buffer = io.BytesIO()
+    torch.save(optimized, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert torch.equal(_fused(loaded)["fc1"].tf32_input_gain, fc1.tf32_input_gain)
+    ieee, _ = _optimized("ieee")
+    assert all(m.tf32_input_gain is None for m in _fused(ieee).values())
 
 
 def test_original_model_untouched_and_reference_ignores_the_flag() -> None:

@@ -1,6 +1,6 @@
 """fuser.tf32_emulation: the CPU model of the GPU's TF32 dots, checked op by op, and what it shows at the
-model level: truncated activations cost about twice the error of rounded ones, and the rounded epilogue
-stores (fuser.tf32_rounding) win most of that back."""
+model level: truncated activations cost at least twice the error of rounded ones; the rounded epilogue
+stores and the weights' truncation compensation (fuser.tf32_rounding) bring fuser to cuDNN's error."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from torch import nn
 import fuser
 from fuser import models
 from fuser.fused_modules import FusedConv2d, FusedLinear
-from fuser.kernels.precision import round_to_tf32
+from fuser.kernels.precision import TRUNCATION_GAIN, round_to_tf32
 from fuser.tf32_emulation import emulate_tf32, truncate_to_tf32
 from fuser.verification import output_error
 
@@ -61,6 +61,8 @@ def test_fused_conv_truncates_its_input_and_rounds_a_marked_store() -> None:
     x = torch.randn(2, 19, 9, 7)
     optimized = fuser.optimize(model, (x,), backend="torch", cuda_graphs=False)
     fused = next(m for m in optimized.modules() if isinstance(m, FusedConv2d))
+    assert torch.equal(fused.tf32_input_gain, torch.full((19,), TRUNCATION_GAIN))  # it reads the network input
+    fused.set_tf32_input_gain(None)
     with torch.no_grad():
         expected = F.silu(F.conv2d(truncate_to_tf32(x), round_to_tf32(fused.weight), fused.bias, 1, 1))
         nearest = F.silu(F.conv2d(round_to_tf32(x), round_to_tf32(fused.weight), fused.bias, 1, 1))
@@ -72,36 +74,55 @@ def test_fused_conv_truncates_its_input_and_rounds_a_marked_store() -> None:
         with emulate_tf32(optimized):
             assert torch.equal(optimized(x), round_to_tf32(expected))
         assert torch.equal(optimized(x), F.silu(F.conv2d(x, fused.weight, fused.bias, 1, 1)))  # hooks gone
+    gain = torch.linspace(1.0, 1.01, 19)
+    fused.set_tf32_input_gain(gain)
+    with torch.no_grad(), emulate_tf32(optimized):
+        w = round_to_tf32(fused.weight * gain[None, :, None, None])
+        assert torch.equal(optimized(x), round_to_tf32(F.silu(F.conv2d(truncate_to_tf32(x), w, fused.bias, 1, 1))))
     with pytest.raises(ValueError, match="fused_activations"), emulate_tf32(optimized, "down"):
         pass
 
 
-def _without_rounded_stores(optimized: nn.Module) -> nn.Module:
-    plain = copy.deepcopy(optimized)
-    for m in plain.modules():
-        if isinstance(m, (FusedConv2d, FusedLinear)) and m.epilogue.round_tf32:
-            m.set_epilogue(replace(m.epilogue, round_tf32=False))
-    return plain
+def _variant(optimized: nn.Module, stores: bool, gains: bool) -> nn.Module:
+    """A copy of ``optimized`` keeping its TF32-rounded stores and / or its truncation gains."""
+    variant = copy.deepcopy(optimized)
+    for m in variant.modules():
+        if isinstance(m, (FusedConv2d, FusedLinear)):
+            if not stores:
+                m.set_epilogue(replace(m.epilogue, round_tf32=False))
+            if not gains:
+                m.set_tf32_input_gain(None)
+    return variant
 
 
 @pytest.mark.slow
-def test_rounding_halves_the_model_level_error_of_truncation() -> None:
-    """ResNet-26 (fuser.models, BN statistics randomized) as the GPU runs it at tf32, against float64."""
-    model = models.build("resnet26").eval()
-    x = models.example_input("resnet26", batch=1, size=67)
+@pytest.mark.parametrize(("name", "size"), [("resnet26", 67), ("efficientnet_b0", 97)])
+def test_rounding_halves_the_model_level_error_of_truncation(name: str, size: int) -> None:
+    """A ResNet and an EfficientNet (fuser.models, BN statistics randomized) as the GPU runs them at tf32,
+    against float64: the kernels as they were (activations truncated), with every operand rounded to
+    nearest, with the rounded epilogue stores, and with those and the weights' truncation compensation
+    (what optimize() builds), against the original as cuDNN runs it."""
+    model = models.build(name).eval()
+    x = models.example_input(name, batch=1, size=size)
     optimized = fuser.optimize(model, (x,), backend="torch", cuda_graphs=False)
-    assert any(m.epilogue.round_tf32 for m in optimized.modules() if isinstance(m, (FusedConv2d, FusedLinear)))
-    plain = _without_rounded_stores(optimized)
+    fused = [m for m in optimized.modules() if isinstance(m, (FusedConv2d, FusedLinear))]
+    assert any(m.epilogue.round_tf32 for m in fused) and any(m.tf32_input_gain is not None for m in fused)
+    before = _variant(optimized, stores=False, gains=False)
+    stores_only = _variant(optimized, stores=True, gains=False)
+    errors = {}
     with torch.no_grad():
         ref = copy.deepcopy(model).double()(x.double())
         with emulate_tf32(model):
-            cudnn = output_error(model(x), ref)[0]
-        with emulate_tf32(plain):
-            truncated = output_error(plain(x), ref)[0]
-        with emulate_tf32(plain, "nearest"):
-            nearest = output_error(plain(x), ref)[0]
-        with emulate_tf32(optimized):
-            stores = output_error(optimized(x), ref)[0]
-    print(f"cuDNN {cudnn:.2e}, truncated {truncated:.2e}, nearest {nearest:.2e}, rounded stores {stores:.2e}")
-    assert 0 < nearest <= truncated / 2, (nearest, truncated)
-    assert stores <= 0.75 * truncated and stores <= 2 * cudnn, (stores, truncated, cudnn)
+            errors["cudnn"] = output_error(model(x), ref)[0]
+        for label, module, activations in [
+            ("truncated", before, "truncate"),
+            ("nearest", before, "nearest"),
+            ("stores", stores_only, "truncate"),
+            ("compensated", optimized, "truncate"),
+        ]:
+            with emulate_tf32(module, activations):
+                errors[label] = output_error(module(x), ref)[0]
+    print(name, {k: f"{v:.2e}" for k, v in errors.items()})
+    assert 0 < errors["nearest"] <= errors["truncated"] / 2, errors
+    assert errors["stores"] <= 0.75 * errors["truncated"], errors
+    assert errors["compensated"] <= 1.5 * errors["cudnn"], errors
