@@ -32,6 +32,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
+from fuser.cat_buffers import cat_buffer, cat_result
 from fuser.fused_modules import FusedConv2d, FusedLinear
 from fuser.kernels.conv_choice import conv_kernel
 from fuser.kernels.precision import TRUNCATION_GAIN, Precision
@@ -51,6 +52,7 @@ _MOVING_FUNCTIONS: set[Any] = {
     torch.squeeze,
     torch.unsqueeze,
     operator.getitem,
+    cat_result,  # torch.cat(parts, 1) once fuser.cat_buffers has run
     *MAX_POOL_FUNCTIONS,
 }
 _MOVING_METHODS = {
@@ -119,6 +121,8 @@ def only_tf32_dots_read(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
         for user in current.users:
             if user.op == "output":
                 return False
+            if user.target is cat_buffer:
+                continue  # reads only the shape and device
             module = modules.get(str(user.target)) if user.op == "call_module" else None
             if isinstance(module, (FusedConv2d, FusedLinear)):
                 if user.args[0] is not current or current in user.args[1:] or current in user.kwargs.values():
@@ -175,10 +179,9 @@ def _per_channel(node: fx.Node, rounded: Rounded) -> torch.Tensor | None:
     return None if c is None else torch.full((c,), rounded)
 
 
-def _channel_dim(node: fx.Node, default: int) -> Any:
-    names = {torch.cat: "dim", torch.concat: "dim"}
-    position = 1 if node.target in names else 2
-    return node.kwargs.get("dim", node.args[position] if len(node.args) > position else default)
+def _dim_arg(node: fx.Node, position: int) -> Any:
+    """The ``dim`` argument of a cat (``position`` 1) or a chunk / split (2); 0 where it is not given."""
+    return node.kwargs.get("dim", node.args[position] if len(node.args) > position else 0)
 
 
 def _stored_rounded(node: Any, modules: dict[str, nn.Module]) -> Rounded:
@@ -193,13 +196,14 @@ def _stored_rounded(node: Any, modules: dict[str, nn.Module]) -> Rounded:
     if isinstance(module, FusedPoolPyramid):
         inner = _stored_rounded(node.args[0], modules)
         return inner if isinstance(inner, bool) or module.dim != 1 else inner.repeat(len(module.radii))
-    if node.op == "call_function" and node.target in (torch.cat, torch.concat):
-        parts = [_stored_rounded(p, modules) for p in node.args[0]]
+    if node.op == "call_function" and node.target in (torch.cat, torch.concat, cat_result):
+        inputs = node.args[1] if node.target is cat_result else node.args[0]
+        parts = [_stored_rounded(p, modules) for p in inputs]
         if all(isinstance(p, bool) for p in parts) and len(set(parts)) == 1:
             return parts[0]
-        if _channel_dim(node, 0) not in (1, -3):
+        if node.target is not cat_result and _dim_arg(node, 1) not in (1, -3):
             return False
-        per = [_per_channel(n, p) for n, p in zip(node.args[0], parts, strict=True)]
+        per = [_per_channel(n, p) for n, p in zip(inputs, parts, strict=True)]
         return False if any(p is None for p in per) else torch.cat(per)
     if node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[0], fx.Node):
         split = node.args[0]
@@ -207,10 +211,11 @@ def _stored_rounded(node: Any, modules: dict[str, nn.Module]) -> Rounded:
             source = _stored_rounded(split.args[0], modules)
             if isinstance(source, bool):
                 return source
-            if _channel_dim(split, 0) not in (1, -3):
+            if _dim_arg(split, 2) not in (1, -3):
                 return False
             how = torch.chunk if split.target in ("chunk", torch.chunk) else torch.split
-            return how(source, split.args[1] if len(split.args) > 1 else split.kwargs["chunks"])[node.args[1]]
+            size = split.args[1] if len(split.args) > 1 else next(v for k, v in split.kwargs.items() if k != "dim")
+            return how(source, size)[node.args[1]]
     if not _only_moves_values(node, modules) or not node.args:
         return False
     source = _stored_rounded(node.args[0], modules)
@@ -247,17 +252,14 @@ def compensate_truncated_inputs(gm: fx.GraphModule) -> list[str]:
         mask = rounded if isinstance(rounded, torch.Tensor) else torch.full((channels,), rounded)
         gain = None if mask.all() else torch.where(mask, 1.0, TRUNCATION_GAIN).to(torch.float32)
         name = str(node.target)
-        if name in gains:  # one module called at several nodes: every channel any call truncates
-            gain = gains[name] if gain is None else gain if gains[name] is None else torch.maximum(gains[name], gain)
+        if gains.get(name) is not None:  # one module called at several nodes: every channel any call truncates
+            gain = gains[name] if gain is None else torch.maximum(gains[name], gain)
         gains[name] = gain
     changed = []
     for name, gain in gains.items():
         module = modules[name]
         current = module.tf32_input_gain
-        same = (current is None and gain is None) or (
-            current is not None and gain is not None and torch.equal(current, gain)
-        )
-        if not same:
+        if (current is None) != (gain is None) or (gain is not None and not torch.equal(current, gain)):
             module.set_tf32_input_gain(gain)
             changed.append(name)
     return changed

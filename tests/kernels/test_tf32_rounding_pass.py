@@ -5,6 +5,7 @@ channels of which dots get their truncation compensated in the packed weights.""
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ import fuser
 from fuser.fused_modules import FusedConv2d, FusedLinear
 from fuser.kernels import pack_conv_weight
 from fuser.kernels.precision import TRUNCATION_GAIN
+from fuser.tf32_rounding import compensate_truncated_inputs, mark_tf32_rounded_outputs
 
 
 def cba(c_in: int, c_out: int, k: int = 1, groups: int = 1) -> nn.Sequential:
@@ -166,3 +168,20 @@ def test_original_model_untouched_and_reference_ignores_the_flag() -> None:
     with torch.no_grad():
         for o, r in zip(optimized(x), model(x), strict=True):
             assert (o - r).norm() / r.norm() < 1e-5  # the torch reference stores exact values
+
+
+def test_passes_report_no_change_when_run_again() -> None:
+    optimized, _ = _optimized()
+    gm = optimized.module
+    assert mark_tf32_rounded_outputs(gm) == [] and compensate_truncated_inputs(gm) == []
+    gm.graph.lint()
+    fc1 = _fused(optimized)["fc1"]
+    fc1.set_epilogue(replace(fc1.epilogue, round_tf32=False))
+    fc1.set_tf32_input_gain(None)
+    assert mark_tf32_rounded_outputs(gm) == [fc1_name(gm, fc1)]
+    assert compensate_truncated_inputs(gm) == [fc1_name(gm, fc1)]
+    assert fc1.epilogue.round_tf32 and fc1.tf32_input_gain is not None
+
+
+def fc1_name(gm: nn.Module, module: nn.Module) -> str:
+    return next(name for name, m in gm.named_modules() if m is module)
