@@ -99,8 +99,9 @@ class _Tf32Mode(TorchFunctionMode):
 def emulate_tf32(model: nn.Module, fused_activations: str = "truncate") -> Iterator[None]:
     """Within this context, ``model``'s forward computes as the GPU would at "tf32" (see the module
     docstring); ``fused_activations`` ("truncate" or "nearest") is how a fused kernel's dot reads an input
-    that its producer did not store rounded. The model runs in float32 on the CPU; it is not changed
-    (hooks are removed on exit)."""
+    that its producer did not store rounded ("nearest" models rounding the A operand in the kernels; on a
+    model whose weights compensate truncation, ``tf32_input_gain``, it over-corrects: clear the gains first).
+    The model runs in float32 on the CPU; it is not changed (hooks are removed on exit)."""
     if fused_activations not in ACTIVATION_ROUNDINGS:
         raise ValueError(f"fused_activations must be one of {ACTIVATION_ROUNDINGS}, got {fused_activations!r}")
     mode = _Tf32Mode(truncate_to_tf32 if fused_activations == "truncate" else round_to_tf32)
