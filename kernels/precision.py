@@ -76,6 +76,8 @@ def dot_acc(a, b, acc, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     are not rounded here: doing it in the load path moved every A tile through the registers and cost
     17% on the 8192x4096x16384 GEMM and up to 27% on 3x3 convs (benchmarks/results/layers-2026-12-01.json),
     for an error that was within the tf32 tolerance without it (8e-4 with neither operand rounded).
+    Instead the producer's epilogue stores them rounded where only TF32 dots read them, and elsewhere the
+    weights make up truncation's mean (fuser.tf32_rounding, kernels/NOTES.md version 5).
     ``UPCAST`` is set under the interpreter only: its ``tl.dot`` multiplies bfloat16 values as raw
     integers, so the operands, already rounded to their dtype, go to float32, where products of 16-bit
     values are exact and the numerics match the tensor cores' float32 accumulation.
