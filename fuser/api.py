@@ -32,6 +32,7 @@ from fuser.rewrite.cat_buffers import eliminate_cats
 from fuser.rewrite.chains import rewrite_chains
 from fuser.rewrite.detect_head import find_detect_heads, install_detect_heads
 from fuser.rewrite.pool_pyramid import fuse_pool_pyramids
+from fuser.rewrite.tf32_rounding import compensate_truncated_inputs, mark_tf32_rounded_outputs
 from fuser.runtime.cuda_graphs import GraphReplay
 from fuser.runtime.torch_precision import torch_precision
 
@@ -271,6 +272,9 @@ def _run_pipeline(
             entries = [ChainReport.from_chain(c, True, kernel=_kernel_for(c, graph.gm)) for c in result.accepted]
             entries += [ChainReport.from_chain(r.chain, False, reason=r.reason) for r in result.rejected]
             rewritten = rewrite and (rewrite_chains(graph.gm, result.accepted, policy, backend) or rewrites)
+            if rewritten:
+                mark_tf32_rounded_outputs(graph.gm)
+                compensate_truncated_inputs(graph.gm)
             rewrites += eliminate_cats(graph.gm) if rewritten else []
         except Exception as error:  # never fail the user's model over one graph: leave it as it was
             if strict():

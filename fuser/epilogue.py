@@ -7,6 +7,7 @@ A GEMM or convolution accumulator ``acc`` (float32) leaves a fused kernel as
     y = act(y)
     y = y + residual            if residual is Residual.AFTER_ACT    (YOLO/MBConv: act, then add)
     y = y * scale
+    y = round_tf32(y)           if round_tf32 (the kernels only; see Epilogue)
 
 The graph side builds an :class:`Epilogue` from the chain it matched; the Triton kernels
 (fuser.kernels.epilogue, which re-exports these names) receive its fields as ``tl.constexpr`` values; the
@@ -38,17 +39,23 @@ class Epilogue:
     """What happens to the accumulator before the single store.
 
     ``alpha`` is the negative slope of LEAKY_RELU (ignored otherwise); ``scale`` multiplies the
-    final value (1.0 means no scale).
+    final value (1.0 means no scale). ``round_tf32``: the kernels store the float32 result rounded to
+    nearest TF32, set (fuser.rewrite.tf32_rounding) where only TF32 tensor-core dots read it, which round it so
+    anyway, but to nearest rather than by truncation. The torch reference ignores it: it is how a TF32
+    kernel stores, not part of the function (the reference does not model TF32's operands either, and
+    exporters record it).
     """
 
     act: Activation = Activation.NONE
     alpha: float = 0.0
     residual: Residual = Residual.NONE
     scale: float = 1.0
+    round_tf32: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "act", Activation(self.act))
         object.__setattr__(self, "residual", Residual(self.residual))
+        object.__setattr__(self, "round_tf32", bool(self.round_tf32))
         if not math.isfinite(self.alpha) or not math.isfinite(self.scale):
             raise ValueError(f"epilogue alpha and scale not finite: alpha={self.alpha}, scale={self.scale}")
 
@@ -66,6 +73,8 @@ class Epilogue:
             steps.append("+residual")
         if self.scale != 1.0:
             steps.append(f"*{self.scale:g}")
+        if self.round_tf32:
+            steps.append("tf32 store")
         return " -> ".join(steps)
 
 

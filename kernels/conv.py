@@ -108,6 +108,7 @@ def _conv2d_act_kernel(
     ACT: tl.constexpr,
     RESIDUAL: tl.constexpr,
     HAS_SCALE: tl.constexpr,
+    ROUND_TF32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     USE_DESC: tl.constexpr,
@@ -183,7 +184,7 @@ def _conv2d_act_kernel(
     res_rows = row_offsets(n_idx, oh, ow, sr_n, sr_h, sr_w)
     finish_tile(acc, out_ref, offs_m, channels, m_ok, n_ok, pid_m * BLOCK_M, pid_n * BLOCK_N, split, M,
                 C_OUT_G * tl.num_programs(1), stride_om, bias_ptr, res_ptr, res_rows, sr_c, alpha, scale,
-                HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, USE_DESC, SPLIT_K)  # fmt: skip
+                HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, ROUND_TF32, USE_DESC, SPLIT_K)  # fmt: skip
 
 
 def conv2d_supported(in_channels: int, out_channels: int, groups: int) -> bool:
@@ -487,6 +488,7 @@ def prepare_implicit_gemm(
         "ACT": int(epilogue.act),
         "RESIDUAL": int(epilogue.residual),
         "HAS_SCALE": epilogue.scale != 1.0,
+        "ROUND_TF32": epilogue.round_tf32,
         "DOT_PRECISION": dot_precision(precision, w_data.dtype),
         "UPCAST": interpret,
         "USE_DESC": use_desc,

@@ -69,6 +69,7 @@ def _depthwise_act_kernel(
     ACT: tl.constexpr,
     RESIDUAL: tl.constexpr,
     HAS_SCALE: tl.constexpr,
+    ROUND_TF32: tl.constexpr,
     VEC: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -107,7 +108,7 @@ def _depthwise_act_kernel(
 
     res_rows = row_offsets(n_idx, oh, ow, sr_n, sr_h, sr_w)
     y = epilogue_tile(acc, offs_c, c_ok, m_ok, bias_ptr, res_ptr, res_rows, sr_c, alpha, scale,
-                      HAS_BIAS, ACT, RESIDUAL, HAS_SCALE)  # fmt: skip
+                      HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, ROUND_TF32)  # fmt: skip
     store_tile(out_ptr, offs_m, stride_om, offs_c, m_ok, c_ok, y)
 
 
@@ -165,6 +166,7 @@ def prepare_depthwise(
         "ACT": int(epilogue.act),
         "RESIDUAL": int(epilogue.residual),
         "HAS_SCALE": epilogue.scale != 1.0,
+        "ROUND_TF32": epilogue.round_tf32,
         "VEC": vec,
     }
     call = KernelCall(_depthwise_act_kernel, scalars, constexprs, interpret)

@@ -74,6 +74,7 @@ def _direct_conv_act_kernel(
     ACT: tl.constexpr,
     RESIDUAL: tl.constexpr,
     HAS_SCALE: tl.constexpr,
+    ROUND_TF32: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -104,7 +105,7 @@ def _direct_conv_act_kernel(
 
     res_rows = row_offsets(n_idx, oh, ow, sr_n, sr_h, sr_w)
     y = epilogue_tile(acc, channels, n_ok, m_ok, bias_ptr, res_ptr, res_rows, sr_c, alpha, scale,
-                      HAS_BIAS, ACT, RESIDUAL, HAS_SCALE)  # fmt: skip
+                      HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, ROUND_TF32)  # fmt: skip
     store_tile(out_ptr, offs_m, stride_om, channels, m_ok, n_ok, y)
 
 
@@ -163,6 +164,7 @@ def prepare_direct(
         "ACT": int(epilogue.act),
         "RESIDUAL": int(epilogue.residual),
         "HAS_SCALE": epilogue.scale != 1.0,
+        "ROUND_TF32": epilogue.round_tf32,
     }
     call = KernelCall(_direct_conv_act_kernel, scalars, constexprs, interpret)
 

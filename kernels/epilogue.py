@@ -24,6 +24,7 @@ __all__ = [
     "apply_activation_torch",
     "apply_epilogue",
     "apply_epilogue_torch",
+    "round_tf32_tile",
 ]
 
 ACT_NONE = tl.constexpr(int(Activation.NONE))
@@ -155,3 +156,15 @@ def apply_epilogue(
     if HAS_SCALE:
         y = y * scale
     return y
+
+
+@triton.jit
+def round_tf32_tile(y):
+    """Float32 tile ``y`` rounded to nearest TF32 (10 mantissa bits), ties away from zero: add half a
+    TF32 ulp to the magnitude bits, clear the low 13 (what ``cvt.rna.tf32.f32``, cuDNN's and cuBLAS'
+    conversion, does, and :func:`fuser.kernels.precision.round_to_tf32` on the host). A carry out of the
+    mantissa bumps the exponent, which is the right rounding; inf stays inf. NaN is kept by the select: its
+    bits could carry into the sign. Two integer ops, a compare and a select per element, on registers."""
+    bits = y.to(tl.int32, bitcast=True)
+    rounded = ((bits + 0x1000) & -0x2000).to(tl.float32, bitcast=True)
+    return tl.where(y == y, rounded, y)

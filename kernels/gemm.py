@@ -71,6 +71,7 @@ def _gemm_act_kernel(
     ACT: tl.constexpr,
     RESIDUAL: tl.constexpr,
     HAS_SCALE: tl.constexpr,
+    ROUND_TF32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     USE_DESC: tl.constexpr,
@@ -111,8 +112,8 @@ def _gemm_act_kernel(
 
     res_rows = row_offsets(b_idx, s_idx, o_idx, stride_rb, stride_rm, 0)
     finish_tile(acc, c_ref, offs_m, offs_n, m_ok, n_ok, pid_m * BLOCK_M, pid_n * BLOCK_N, split, M, N, stride_cm,
-                bias_ptr, res_ptr, res_rows, stride_rn, alpha, scale, HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, USE_DESC,
-                SPLIT_K)  # fmt: skip
+                bias_ptr, res_ptr, res_rows, stride_rn, alpha, scale, HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, ROUND_TF32,
+                USE_DESC, SPLIT_K)  # fmt: skip
 
 
 INTERPRET_CONFIG = TileConfig(32, 32, 32, group_m=2, num_warps=4, num_stages=1)
@@ -191,6 +192,7 @@ def prepare_gemm(
         "ACT": int(epilogue.act),
         "RESIDUAL": int(epilogue.residual),
         "HAS_SCALE": epilogue.scale != 1.0,
+        "ROUND_TF32": epilogue.round_tf32,
         "DOT_PRECISION": dot_precision(precision, w.dtype),
         "UPCAST": interpret,
         "USE_DESC": use_desc,

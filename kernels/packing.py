@@ -6,6 +6,11 @@ every row start 16-byte aligned, which tensor descriptors (TMA) require, and the
 a dot. Depthwise layout (``groups == C_in == C_out > 1``): ``[KH * KW, C]``, channels contiguous, so a
 tile of channels at one tap is one vector load.
 
+Under "tf32" a dot whose activation operand reaches the tensor cores unrounded (they truncate it) gets its
+weights multiplied, per input channel, by ``input_gain`` before they are rounded (see
+:func:`scale_input_channels`): the graph side (fuser.rewrite.tf32_rounding) passes TRUNCATION_GAIN for the channels
+no producer stored rounded, which cancels truncation's average bias at no cost per call.
+
 The operand dtype comes from the precision: bf16 / fp16 cast here, once; tf32, tf32x3 and ieee keep
 float32 (those are ways of doing a float32 dot). The cast is rounded from the float32 value.
 
@@ -130,6 +135,16 @@ def _check_groups(in_channels: int, out_channels: int, groups: int) -> None:
         raise ValueError(f"groups={groups} must divide both C_in={in_channels} and C_out={out_channels}")
 
 
+def scale_input_channels(weight: torch.Tensor, gain: torch.Tensor, groups: int = 1) -> torch.Tensor:
+    """``weight`` (``[C_out, C_in / groups, ...]``, a conv's or a linear's ``[N, K]``) with the columns that
+    multiply input channel ``c`` scaled by ``gain[c]`` (``gain`` has ``C_in`` entries); a new tensor."""
+    c_out, c_in_g = weight.shape[:2]
+    if gain.numel() != c_in_g * groups:
+        raise ValueError(f"input gain has {gain.numel()} entries for a weight of {c_in_g * groups} input channels")
+    per_row = gain.to(weight).reshape(groups, c_in_g).repeat_interleave(c_out // groups, 0)
+    return weight * per_row.reshape(c_out, c_in_g, *([1] * (weight.dim() - 2)))
+
+
 def _pad_k(weight_2d: torch.Tensor, precision: Precision, tensor_cores: bool = True) -> torch.Tensor:
     """``[N, K]`` as the kernels read it: in the operand dtype, K padded, and rounded to TF32 where the
     tensor cores will read it under "tf32" (see round_to_tf32)."""
@@ -140,10 +155,14 @@ def _pad_k(weight_2d: torch.Tensor, precision: Precision, tensor_cores: bool = T
     return F.pad(data, (0, padded_k(k) - k)).contiguous()
 
 
-def pack_conv_weight(weight: torch.Tensor, precision: Precision | str, groups: int = 1) -> PackedConvWeight:
+def pack_conv_weight(
+    weight: torch.Tensor, precision: Precision | str, groups: int = 1, input_gain: torch.Tensor | None = None
+) -> PackedConvWeight:
     """Pack a ``[C_out, C_in / groups, KH, KW]`` convolution weight (the BN already folded into it).
 
-    Returns new tensors on ``weight``'s device; ``weight`` itself is not modified.
+    ``input_gain`` (``C_in`` factors, or None) scales the weight per input channel where the tensor cores
+    read it under "tf32" (see the module docstring); it is ignored elsewhere. Returns new tensors on
+    ``weight``'s device; ``weight`` itself is not modified.
     """
     precision = Precision.parse(precision)
     if weight.dim() != 4:
@@ -161,16 +180,25 @@ def pack_conv_weight(weight: torch.Tensor, precision: Precision | str, groups: i
         flat = w.permute(0, 2, 3, 1).reshape(c_out, kh * kw * c_in_g)
         # the direct kernel (few input channels) multiplies on the FMA units: its weights stay exact
         kernel = conv_kernel(in_channels, c_out, groups, (kh, kw))
-        data = _pad_k(flat, precision, tensor_cores=kernel is not None and kernel.tensor_cores)
+        tensor_cores = kernel is not None and kernel.tensor_cores
+        if input_gain is not None and tensor_cores and precision == Precision.TF32:
+            flat = scale_input_channels(w, input_gain, groups).permute(0, 2, 3, 1).reshape(c_out, kh * kw * c_in_g)
+        data = _pad_k(flat, precision, tensor_cores=tensor_cores)
     return PackedConvWeight(data, int(c_out), int(in_channels), (int(kh), int(kw)), int(groups), precision)
 
 
-def pack_gemm_weight(weight: torch.Tensor, precision: Precision | str) -> PackedGemmWeight:
-    """Pack a ``[N, K]`` linear weight (``nn.Linear.weight``'s layout: C = A @ W^T)."""
+def pack_gemm_weight(
+    weight: torch.Tensor, precision: Precision | str, input_gain: torch.Tensor | None = None
+) -> PackedGemmWeight:
+    """Pack a ``[N, K]`` linear weight (``nn.Linear.weight``'s layout: C = A @ W^T); ``input_gain`` (``K``
+    factors or None) as for :func:`pack_conv_weight`."""
     precision = Precision.parse(precision)
     if weight.dim() != 2:
         raise ValueError(f"gemm weight must be 2-D [N, K], got shape {tuple(weight.shape)}")
     if not weight.is_floating_point():
         raise ValueError(f"gemm weight must be floating point, got {weight.dtype}")
-    data = _pad_k(weight.detach(), precision)
+    w = weight.detach()
+    if input_gain is not None and precision == Precision.TF32:
+        w = scale_input_channels(w, input_gain)
+    data = _pad_k(w, precision)
     return PackedGemmWeight(data, int(weight.shape[0]), int(weight.shape[1]), precision)

@@ -10,6 +10,7 @@ they are packed; activations as they are loaded) and keep a float32 accumulator.
 from __future__ import annotations
 
 import enum
+import math
 
 import torch
 import triton
@@ -43,6 +44,14 @@ class Precision(str, enum.Enum):
         return {Precision.TF32: "tf32", Precision.TF32X3: "tf32x3"}.get(self, "ieee")
 
 
+# How much of its magnitude a float32 operand loses, on average, when the tensor cores truncate it to TF32:
+# the 13 dropped bits are uniform in [0, 2^-10) of the exponent's unit, which is 2^-11 * E[1/m] relative
+# (m the significand, in [1, 2)), and for scale-invariant data (log-uniform significands, Benford's law)
+# E[1/m] = 1 / (2 ln 2). About 3.5e-4: small per dot, but the same sign in every layer, so it compounds.
+TRUNCATION_BIAS = 2.0**-11 / (2 * math.log(2))
+TRUNCATION_GAIN = 1 / (1 - TRUNCATION_BIAS)  # what undoes it, multiplied into the other operand
+
+
 def round_to_tf32(t: torch.Tensor) -> torch.Tensor:
     """Float32 values rounded to TF32 (10 mantissa bits), to nearest with ties away from zero.
 
@@ -67,6 +76,8 @@ def dot_acc(a, b, acc, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     are not rounded here: doing it in the load path moved every A tile through the registers and cost
     17% on the 8192x4096x16384 GEMM and up to 27% on 3x3 convs (benchmarks/results/layers-2026-12-01.json),
     for an error that was within the tf32 tolerance without it (8e-4 with neither operand rounded).
+    Instead the producer's epilogue stores them rounded where only TF32 dots read them, and elsewhere the
+    weights make up truncation's mean (fuser.rewrite.tf32_rounding, kernels/NOTES.md version 6).
     ``UPCAST`` is set under the interpreter only: its ``tl.dot`` multiplies bfloat16 values as raw
     integers, so the operands, already rounded to their dtype, go to float32, where products of 16-bit
     values are exact and the numerics match the tensor cores' float32 accumulation.

@@ -77,6 +77,7 @@ def _split_k_reduce_kernel(
     ACT: tl.constexpr,
     RESIDUAL: tl.constexpr,
     HAS_SCALE: tl.constexpr,
+    ROUND_TF32: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -92,7 +93,7 @@ def _split_k_reduce_kernel(
     n_idx, oh, ow = decode_rows(offs_m, m_ok, OH, OW)
     res_rows = row_offsets(n_idx, oh, ow, sr_n, sr_h, sr_w)
     y = epilogue_tile(acc, offs_n, n_ok, m_ok, bias_ptr, res_ptr, res_rows, sr_c, alpha, scale,
-                      HAS_BIAS, ACT, RESIDUAL, HAS_SCALE)  # fmt: skip
+                      HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, ROUND_TF32)  # fmt: skip
     store_tile(out_ptr, offs_m, stride_om, offs_n, m_ok, n_ok, y)
 
 
@@ -126,6 +127,7 @@ class SplitReduce:
             "ACT": int(epilogue.act),
             "RESIDUAL": int(epilogue.residual),
             "HAS_SCALE": epilogue.scale != 1.0,
+            "ROUND_TF32": epilogue.round_tf32,
         }
         self.call = KernelCall(_split_k_reduce_kernel, scalars, constexprs, interpret)
         tile = reduce_tile(m, n)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .epilogue import apply_epilogue
+from .epilogue import apply_epilogue, round_tf32_tile
 
 
 @triton.jit
@@ -77,9 +77,12 @@ def epilogue_tile(
     ACT: tl.constexpr,
     RESIDUAL: tl.constexpr,
     HAS_SCALE: tl.constexpr,
+    ROUND_TF32: tl.constexpr,
 ):
     """The fused epilogue of a float32 accumulator tile ``[rows, channels]``: bias (float32, per
-    channel), residual (rows at ``res_rows``, channels ``sr_c`` apart), activation, scale."""
+    channel), residual (rows at ``res_rows``, channels ``sr_c`` apart), activation, scale; with
+    ``ROUND_TF32`` the result rounded to nearest TF32 (:func:`round_tf32_tile`) for a store that only
+    TF32 dots read."""
     if HAS_BIAS:  # noqa: SIM108  (a constexpr branch: only one side is compiled)
         bias = tl.load(bias_ptr + channels, mask=n_ok, other=0.0)[None, :]
     else:
@@ -89,7 +92,10 @@ def epilogue_tile(
         res = tl.load(res_ptrs, mask=m_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
     else:
         res = 0.0
-    return apply_epilogue(acc, bias, res, alpha, scale, ACT, RESIDUAL, HAS_SCALE)
+    y = apply_epilogue(acc, bias, res, alpha, scale, ACT, RESIDUAL, HAS_SCALE)
+    if ROUND_TF32:
+        y = round_tf32_tile(y)
+    return y
 
 
 @triton.jit
@@ -125,18 +131,19 @@ def finish_tile(
     ACT: tl.constexpr,
     RESIDUAL: tl.constexpr,
     HAS_SCALE: tl.constexpr,
+    ROUND_TF32: tl.constexpr,
     USE_DESC: tl.constexpr,
     SPLIT_K: tl.constexpr,
 ):
     """How a GEMM-style program ends. Split: its partial sum goes, unfused, to rows ``split * M + m`` of
-    the float32 workspace ``out_ref`` (``ws_row_stride`` apart), which splitk.py reduces. Whole: the
-    epilogue, then the store, through the tensor descriptor ``out_ref`` at ``(tile_row, tile_col)``
-    when ``USE_DESC``, else masked through pointers."""
+    the float32 workspace ``out_ref`` (``ws_row_stride`` apart), which splitk.py reduces (and rounds, under
+    ``ROUND_TF32``: a partial sum never is). Whole: the epilogue, then the store, through the tensor
+    descriptor ``out_ref`` at ``(tile_row, tile_col)`` when ``USE_DESC``, else masked through pointers."""
     if SPLIT_K > 1:
         store_tile(out_ref, split * M + offs_m, ws_row_stride, channels, m_ok, n_ok, acc)
     else:
         y = epilogue_tile(acc, channels, n_ok, m_ok, bias_ptr, res_ptr, res_rows, sr_c, alpha, scale,
-                          HAS_BIAS, ACT, RESIDUAL, HAS_SCALE)  # fmt: skip
+                          HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, ROUND_TF32)  # fmt: skip
         if USE_DESC:
             out_ref.store([tile_row, tile_col], y.to(out_ref.dtype))
         else:

@@ -64,6 +64,10 @@ class _FusedBase(nn.Module):
     weight: torch.Tensor
     bias: torch.Tensor | None
     packed: torch.Tensor | None
+    # Per input channel factors packing multiplies into the weight under "tf32" (fuser.rewrite.tf32_rounding), a
+    # float32 CPU tensor or None. A plain attribute, not a buffer: a graph pass's decision, not state, so it
+    # is not in the state dict, and moving the module (to "meta" and back, say) cannot lose it.
+    tf32_input_gain: torch.Tensor | None = None
 
     def __init__(
         self,
@@ -95,6 +99,17 @@ class _FusedBase(nn.Module):
         if native is not None and self.precision.operand_dtype is None:
             return native
         return self.precision
+
+    def set_epilogue(self, epilogue: Epilogue) -> None:
+        """Replace the epilogue (a graph pass's decision, such as fuser.rewrite.tf32_rounding's), renewing what was
+        derived from it: the custom op's arguments and the kept calls."""
+        self.epilogue = epilogue
+        self._renew()
+
+    def set_tf32_input_gain(self, gain: torch.Tensor | None) -> None:
+        """Set ``tf32_input_gain`` and pack again."""
+        self.tf32_input_gain = None if gain is None else gain.detach().to("cpu", torch.float32)
+        self._renew()
 
     def _pack(self, weight: torch.Tensor) -> torch.Tensor | None:
         raise NotImplementedError
@@ -244,7 +259,7 @@ class FusedConv2d(_FusedBase):
         return self.geometry.groups
 
     def _pack(self, weight: torch.Tensor) -> torch.Tensor | None:
-        return kernel_dispatch.pack_conv(weight, self.geometry.groups, self.kernel_precision)
+        return kernel_dispatch.pack_conv(weight, self.geometry.groups, self.kernel_precision, self.tf32_input_gain)
 
     def _make_op_args(self) -> tuple:
         return ops.conv2d_op_args(self.geometry, self.epilogue, self.kernel_precision, self.backend)
@@ -300,7 +315,7 @@ class FusedLinear(_FusedBase):
         self._refresh()
 
     def _pack(self, weight: torch.Tensor) -> torch.Tensor | None:
-        return kernel_dispatch.pack_gemm(weight, self.kernel_precision)
+        return kernel_dispatch.pack_gemm(weight, self.kernel_precision, self.tf32_input_gain)
 
     def _make_op_args(self) -> tuple:
         return ops.gemm_op_args(self.epilogue, self.kernel_precision, self.backend)

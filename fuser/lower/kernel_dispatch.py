@@ -40,19 +40,21 @@ def kernel_name(
     return kernel.value
 
 
-def pack_conv(weight: torch.Tensor, groups: int, precision: Precision) -> torch.Tensor | None:
+def pack_conv(
+    weight: torch.Tensor, groups: int, precision: Precision, input_gain: torch.Tensor | None = None
+) -> torch.Tensor | None:
     """The conv weight packed for the kernels, or None where they do not run this conv."""
     from fuser import kernels
 
     if not kernels.conv2d_supported(weight.shape[1] * groups, weight.shape[0], groups):
         return None
-    return kernels.pack_conv_weight(weight, precision, groups=groups).data
+    return kernels.pack_conv_weight(weight, precision, groups=groups, input_gain=input_gain).data
 
 
-def pack_gemm(weight: torch.Tensor, precision: Precision) -> torch.Tensor:
+def pack_gemm(weight: torch.Tensor, precision: Precision, input_gain: torch.Tensor | None = None) -> torch.Tensor:
     from fuser import kernels
 
-    return kernels.pack_gemm_weight(weight, precision).data
+    return kernels.pack_gemm_weight(weight, precision, input_gain=input_gain).data
 
 
 def _residual_fits(residual: torch.Tensor | None, out_shape: Sequence[int]) -> bool:

@@ -53,13 +53,14 @@ __all__ = [
 def gemm_op_args(epilogue: Epilogue, precision: Precision, backend: str) -> tuple:
     """The non-tensor arguments of ``fuser::gemm_act``, in its schema's order (the tail of conv2d_act's)."""
     e = epilogue
-    return int(e.act), float(e.alpha), int(e.residual), float(e.scale), precision.value, backend
+    return int(e.act), float(e.alpha), int(e.residual), float(e.scale), e.round_tf32, precision.value, backend
 
 
 def _gemm_spec(
-    act: int, alpha: float, residual_mode: int, scale: float, precision: str, backend: str
+    act: int, alpha: float, residual_mode: int, scale: float, round_tf32: bool, precision: str, backend: str
 ) -> tuple[Epilogue, Precision, str]:
-    return Epilogue(Activation(act), alpha, Residual(residual_mode), scale), Precision(precision), backend
+    epilogue = Epilogue(Activation(act), alpha, Residual(residual_mode), scale, round_tf32)
+    return epilogue, Precision(precision), backend
 
 
 def conv2d_op_args(geometry: ConvGeometry, epilogue: Epilogue, precision: Precision, backend: str) -> tuple:
@@ -94,6 +95,7 @@ def conv2d_act(
     alpha: float,
     residual_mode: int,
     scale: float,
+    round_tf32: bool,
     precision: str,
     backend: str,
 ) -> torch.Tensor:
@@ -103,7 +105,7 @@ def conv2d_act(
     reference path ignores it. Output layout: see :func:`fuser.lower.backends.conv_output_memory_format`.
     """
     geometry, epilogue, policy, backend = _conv2d_spec(
-        stride, padding, dilation, groups, act, alpha, residual_mode, scale, precision, backend
+        stride, padding, dilation, groups, act, alpha, residual_mode, scale, round_tf32, precision, backend
     )
     call = calls.conv2d_call(x, weight, bias, residual, packed_weight, geometry, epilogue, policy, backend)
     return call(x, residual)
@@ -131,11 +133,12 @@ def gemm_act(
     alpha: float,
     residual_mode: int,
     scale: float,
+    round_tf32: bool,
     precision: str,
     backend: str,
 ) -> torch.Tensor:
     """``epilogue(a @ weight.T + bias)`` for ``a`` of shape [..., K] and ``weight`` [N, K]."""
-    epilogue, policy, backend = _gemm_spec(act, alpha, residual_mode, scale, precision, backend)
+    epilogue, policy, backend = _gemm_spec(act, alpha, residual_mode, scale, round_tf32, precision, backend)
     call = calls.gemm_call(a, weight, bias, residual, packed_weight, epilogue, policy, backend)
     return call(a, residual)
 

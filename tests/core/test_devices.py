@@ -33,9 +33,10 @@ class ConvAndLinear(nn.Module):
 
 
 def expected_packed(module: FusedConv2d | FusedLinear) -> torch.Tensor:
+    gain = module.tf32_input_gain  # the truncation compensation fuser.rewrite.tf32_rounding chose
     if isinstance(module, FusedConv2d):
-        return kernel_dispatch.pack_conv(module.weight, module.groups, module.kernel_precision)
-    return kernel_dispatch.pack_gemm(module.weight, module.kernel_precision)
+        return kernel_dispatch.pack_conv(module.weight, module.groups, module.kernel_precision, gain)
+    return kernel_dispatch.pack_gemm(module.weight, module.kernel_precision, gain)
 
 
 @pytest.fixture
