@@ -37,12 +37,7 @@ import fuser  # noqa: E402
 CHECKS = ["bn", "error", "untouched", "save_load", "no_dead_weights"]
 
 # (model, check) -> the bug that makes it fail today. strict: when a fix lands, the test says so.
-KNOWN_FAILURES: dict[tuple[str, str], str] = {
-    ("gpt2", "no_dead_weights"): (
-        "GPT-2's Conv1D chains fuse now, and the optimized module holds about 0.7% more elements than the "
-        "original (a transposed weight kept beside the one it replaced)"
-    ),
-}
+KNOWN_FAILURES: dict[tuple[str, str], str] = {}
 
 
 def _leaves(value: Any) -> list[torch.Tensor]:
