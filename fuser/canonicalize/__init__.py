@@ -3,6 +3,7 @@
 The rules come in families, one module each, and one driver (fuser.canonicalize.driver) applies them:
 
     layers            nn.Conv2d / eval nn.BatchNorm2d / nn.Linear -> F.conv2d / F.batch_norm / F.linear
+    identity_branches BN(x) + BN(conv(x)) -> one conv -> BN branch (RepVGG, MobileOne identity branches)
     gemm_forms        matmul by a constant, addmm, linear + constant bias -> F.linear
     activation_calls  one-call activation forms (modules, functions, methods, in place) -> canonical call
     activation_forms  written-out activations (x * sigmoid(x), the erf GELU, ...) as tree patterns
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from fuser.canonicalize import activation_calls, activation_forms, gemm_forms, layers
+from fuser.canonicalize import activation_calls, activation_forms, gemm_forms, identity_branches, layers
 from fuser.canonicalize.driver import Context, Rule, run_rules
 from fuser.passthrough import PASSTHROUGH_RULES
 
@@ -25,6 +26,7 @@ from fuser.passthrough import PASSTHROUGH_RULES
 RULES: list[Rule] = [
     *(Rule(*rule) for rule in PASSTHROUGH_RULES),  # ops that pass their value through vanish first
     *layers.RULES,
+    *identity_branches.RULES,
     *gemm_forms.RULES,
     *activation_calls.RULES,
     *activation_forms.RULES,
