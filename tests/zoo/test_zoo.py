@@ -23,15 +23,16 @@ from zoo_models import ZOO  # noqa: E402
 KNOWN_FAILURES: dict[tuple[str, str], str] = {}
 
 # The target for the whole zoo. Not met: DenseNet's BatchNorm -> ReLU after each concat (124 of the zoo's 2149
-# BatchNorm calls, in its two DenseNet-121s) feeds a conv only through the ReLU, so no conv or linear can
-# absorb it; folding it needs a conv kernel that applies scale, shift and ReLU to its input as it loads it.
+# BatchNorm calls, in its two DenseNet-121s) reaches a conv only through the ReLU, so no conv or linear can
+# absorb it: folding it needs a conv kernel that applies scale, shift and ReLU to its input as it loads it.
+# The two others that stay are LeViT's head BatchNorm1d before its linear (after a mean, no chain holds it).
 MIN_BATCH_NORMS_FOLDED = 0.98
 DENSENET_PRE_ACTIVATION = (
     "DenseNet's BatchNorm -> ReLU after a concat cannot be folded into a conv (it needs a conv kernel with a "
-    "BatchNorm-ReLU prologue): the zoo folds about 92% of its BatchNorms"
+    "BatchNorm-ReLU prologue): the zoo folds 94.1% of its BatchNorm calls (2023 of 2149)"
 )
 # What the zoo folds today: a change that folds fewer fails here.
-MIN_BATCH_NORMS_FOLDED_NOW = 0.917
+MIN_BATCH_NORMS_FOLDED_NOW = 0.94
 
 
 @functools.cache
