@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from fuser.canonicalize.driver import Context, Rule, erase_if_dead, get_attr
 from fuser.chain import value_users
+from fuser.fold import BatchNormParams, fold_batchnorm
 from fuser.graph_ops import (
     ADD_TARGETS,
     BN_ARGS,
@@ -56,11 +57,10 @@ def _eval_batch_norm(node: Any, ctx: Context) -> dict[str, Any] | None:
     tensors = {k: constant_tensor(ctx.gm, args[k]) for k in ("weight", "bias")}
     if any(args[k] is not None and tensors[k] is None for k in tensors):
         return None
-    f64 = torch.float64
-    gamma = tensors["weight"].to(f64) if tensors["weight"] is not None else torch.ones_like(mean, dtype=f64)
-    beta = tensors["bias"].to(f64) if tensors["bias"] is not None else torch.zeros_like(mean, dtype=f64)
-    scale = gamma / torch.sqrt(var.to(f64) + args["eps"])
-    return {"input": args["input"], "scale": scale, "shift": beta - mean.to(f64) * scale, "bias": tensors["bias"]}
+    params = BatchNormParams(mean, var, tensors["weight"], tensors["bias"], float(args["eps"]))
+    # The BN as a 1x1 "conv" of weight one per channel, folded in float64: its scale and its shift.
+    scale, shift = fold_batchnorm(torch.ones(mean.numel(), 1, dtype=torch.float64, device=mean.device), None, params)
+    return {"input": args["input"], "scale": scale.reshape(-1), "shift": shift, "bias": tensors["bias"]}
 
 
 def _sum_leaves(root: fx.Node) -> list[Any]:
