@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import cpu_models, gpu_models, layers, multi_gpu
+from benchmarks import cpu_models, gpu_models, layers, multi_gpu, zoo_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -31,6 +31,7 @@ SOURCES: list[tuple[str, Callable[[dict], str], str]] = [
     ("gpu-models-*.json", gpu_models.table, "Whole models on the GPU"),
     ("multi-gpu-*.json", multi_gpu.table, "Data-parallel inference (one process per device)"),
     ("cpu-models-*.json", cpu_models.table, "Whole models on the CPU (torch backend)"),
+    ("zoo-cpu-*.json", zoo_cpu.table, "Real-library models (tests/zoo's models and checks, CPU, torch backend)"),
 ]
 
 
@@ -51,7 +52,7 @@ def runs(pattern: str) -> tuple[list[Path], list[Path], list[Path]]:
         return [], [], found
     newest = _load(candidates[-1])
     same = [p for p in found if _order(p)[:2] == _order(candidates[-1])[:2] and "superseded" not in _load(p)]
-    if pattern.startswith(("layers", "cpu-models")):  # one full table: the newest
+    if pattern.startswith(("layers", "cpu-models", "zoo-cpu")):  # one full table: the newest
         complete = [candidates[-1]]
     else:
         complete = [p for p in same if "partial" not in _load(p)]
@@ -73,6 +74,12 @@ def _block(path: Path, make_table: Callable[[dict], str], start: Path) -> str:
     versions = result.get("versions") or {k: result[k] for k in ("torch", "triton", "cuda") if k in result}
     versions = ", ".join(f"{k} {v}" for k, v in versions.items() if v)
     note = f"\n\n{result['partial']}" if "partial" in result else ""
+    if result.get("benchmark") == "cpu_models" and not all("speedup_pairwise" in r for r in result["rows"]):
+        note += (
+            "\n\nNot a speed figure: eager and fuser were timed one after the other, not alternately, on a "
+            "machine shared with other jobs. On the CPU the fused ops run their torch reference, so expect "
+            "break-even at best; `python -m benchmarks.cpu_models` measures it interleaved."
+        )
     plot = path.with_suffix(".png")
     picture = f"\n\n![{path.stem}]({plot.relative_to(start)})" if plot.exists() else ""
     return (
@@ -123,15 +130,40 @@ def _layers_line(result: dict) -> str:
     return f"fused conv -> BN -> SiLU against cuDNN with BN folded + act: {_span(conv)} ({len(conv)} layers)"
 
 
+def _cpu_models_line(result: dict) -> str:
+    threads = result.get("machine", {}).get("threads", "?")
+    if not all("speedup_pairwise" in r for r in result["rows"]):
+        # Eager and fuser timed one after the other on a shared machine: load moved the ratios both ways.
+        return (
+            f"not interleaved ({threads} thread(s)): no speed figure; on the CPU expect break-even at best "
+            "(`python -m benchmarks.cpu_models` measures it)"
+        )
+    speedups = [r["speedup_pairwise"] for r in result["rows"]]
+    return f"fuser (torch backend) against eager, interleaved: {_span(speedups)}, {threads} thread(s)"
+
+
+def _zoo_line(result: dict) -> str:
+    rows = [r for r in result["rows"] if "error" not in r]
+    before = sum(r["bn_ops_before"] for r in rows)
+    folded = before - sum(r["bn_ops_after"] for r in rows)
+    passed = sum(not any(r["failures"].values()) for r in rows)
+    failed = len(result["rows"]) - passed
+    return (
+        f"{len(result['rows'])} models: every check passed on {passed}"
+        + (f", {failed} failed" if failed else "")
+        + f"; {folded} of {before} BatchNorms folded ({folded / before:.1%}), each other one named with its reason"
+    )
+
+
 def _line(pattern: str, result: dict) -> str:
     if pattern.startswith("gpu-models"):
         return _gpu_models_line(result)
     if pattern.startswith("layers"):
         return _layers_line(result)
     if pattern.startswith("cpu-models"):
-        speedups = [r.get("speedup_pairwise", r["speedup"]) for r in result["rows"]]
-        threads = result.get("machine", {}).get("threads", "?")
-        return f"fuser (torch backend) against eager: {_span(speedups)}, {threads} thread(s)"
+        return _cpu_models_line(result)
+    if pattern.startswith("zoo-cpu"):
+        return _zoo_line(result)
     rows = [r for r in result["rows"] if "scaling" in r and r.get("gpus", 1) > 1]
     equal = all(r.get("outputs_equal") for r in rows)
     return f"scaling {_span([r['scaling'] for r in rows])}, outputs identical: {equal}" if rows else "no runs"

@@ -4,6 +4,7 @@ The rules come in families, one module each, and one driver (fuser.canonicalize.
 
     passthrough       ops that compute nothing (nn.Identity, inactive dropout, GPT-2's flatten pair) vanish
     layers            nn.Conv2d / eval nn.BatchNorm2d / nn.Linear -> F.conv2d / F.batch_norm / F.linear
+    identity_branches BN(x) + BN(conv(x)) -> one conv -> BN branch (RepVGG, MobileOne identity branches)
     gemm_forms        matmul by a constant, addmm, linear + constant bias -> F.linear
     activation_calls  one-call activation forms (modules, functions, methods, in place) -> canonical call
     activation_forms  written-out activations (x * sigmoid(x), the erf GELU, ...) as tree patterns
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from fuser.canonicalize import activation_calls, activation_forms, gemm_forms, layers, passthrough
+from fuser.canonicalize import activation_calls, activation_forms, gemm_forms, identity_branches, layers, passthrough
 from fuser.canonicalize.driver import Context, Rule, run_rules
 
 # Ordered: layer modules first (so activation rules see fresh producers), then GEMM forms, single-call
@@ -25,6 +26,7 @@ from fuser.canonicalize.driver import Context, Rule, run_rules
 RULES: list[Rule] = [
     *passthrough.RULES,  # ops that pass their value through vanish first
     *layers.RULES,
+    *identity_branches.RULES,
     *gemm_forms.RULES,
     *activation_calls.RULES,
     *activation_forms.RULES,

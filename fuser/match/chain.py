@@ -108,7 +108,8 @@ class Chain:
         """The source modules of the chain's nodes (qualified names in the user's model), in order."""
         seen: list[str] = []
         for node in self.nodes:
-            source = node.meta.get("source_module") or node.name
-            if source not in seen:
-                seen.append(source)
+            # folded_modules: modules a canonical rule folded into this node (an identity-branch BatchNorm)
+            for source in [node.meta.get("source_module") or node.name, *node.meta.get("folded_modules", [])]:
+                if source not in seen:
+                    seen.append(source)
         return seen

@@ -120,8 +120,20 @@ def rewrite_chains(gm: fx.GraphModule, chains: list[Chain], precision: Precision
 
 
 def _delete_unread_tensors(gm: fx.GraphModule) -> None:
-    """Drop parameters and buffers of the graph module itself that no get_attr reads any more."""
+    """Drop the parameters and buffers that no get_attr reads any more and no called submodule owns.
+
+    That includes the graph module's attribute stubs (torch.fx keeps ``c_proj.weight`` as a parameter of an
+    empty ``c_proj`` module): a canonical form may read a new tensor in place of one of them (addmm's weight,
+    transposed for F.linear), and the one it replaced is dead weight.
+    """
     read = {str(n.target) for n in gm.graph.nodes if n.op == "get_attr"}
-    for name in [n for n, _ in gm.named_parameters(recurse=False)] + [n for n, _ in gm.named_buffers(recurse=False)]:
-        if name not in read:
-            delattr(gm, name)
+    called = {str(n.target) for n in gm.graph.nodes if n.op == "call_module"}
+
+    def used(name: str) -> bool:
+        prefixes = [name.rsplit(".", i)[0] for i in range(name.count(".") + 1)]
+        return any(p in read for p in prefixes) or any(p in called for p in prefixes[1:])
+
+    tensors = [*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False)]
+    for name in {n for n, _ in tensors if not used(n)}:
+        owner, _, attr = name.rpartition(".")
+        delattr(gm.get_submodule(owner), attr)

@@ -1,6 +1,7 @@
 """The benchmark scripts on the CPU, so a GPU run does not fail on their own code: one whole-model row
 measured in this process, a failing variant recorded while the others go on, the kernel classifier,
-the optimize() arguments for either fuser signature, and which runs the results generator shows."""
+the optimize() arguments for either fuser signature, which runs the results generator shows, and what its
+zoo and CPU lines say."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 import fuser
-from benchmarks import gpu_models, readme_results
+from benchmarks import gpu_models, readme_results, zoo_cpu
 from benchmarks.measure import is_conv_or_matmul
 
 
@@ -104,3 +105,41 @@ def test_generator_shows_the_newest_complete_run(monkeypatch: pytest.MonkeyPatch
     assert partial == []
     assert sorted(p.name for p in earlier) == sorted(set(runs) - {"gpu-models-2026-12-01c.json",
                                                                    "gpu-models-2026-12-01-quick.json"})  # fmt: skip
+
+
+CHECKS = ["bn", "error", "untouched", "save_load", "no_dead_weights"]  # tests/zoo/zoo_checks.py's
+
+
+def _zoo_row(model: str, before: int, unfolded: dict[str, str | None], failures: dict) -> dict:
+    return {
+        "model": model, "library": "timm", "task": "classification", "chains_fused": 7, "bn_ops_before": before,
+        "bn_ops_after": len(unfolded), "bn_unfolded": unfolded, "rel_error": 3e-7, "elements_before": 9,
+        "elements_after": 9, "optimize_s": 0.5, "failures": dict.fromkeys(CHECKS) | failures,
+    }  # fmt: skip
+
+
+def test_zoo_table_names_every_batch_norm_that_stays() -> None:
+    reason = "BatchNorm `batch_norm_{}` (a.{}.norm) follows `cat_{}` (a.{}), not a conv or linear"
+    unfolded = {f"a.{i}.norm": reason.format(i, i, i, i) for i in (3, 11)}
+    rows = [
+        _zoo_row("densenet", 13, unfolded, {}),
+        _zoo_row("repvgg", 7, {"s.1.identity": None}, {"bn": "1 of 7 BatchNorms neither folded nor reported"}),
+        {"model": "broken", "library": "timm", "task": "classification", "error": "RuntimeError: boom"},
+    ]
+    result = {"rows": rows}
+    table = zoo_cpu.table(result)
+    assert "2 models: all checks passed on 1; 17 of 20 BatchNorm calls folded (85.0%)" in table
+    assert "- densenet: 2 x BatchNorm `batch_norm` follows `cat`, not a conv or linear (`a.*.norm`)" in table
+    assert "- repvgg: 1 x not in the report (`s.*.identity`)" in table
+    assert "| broken | timm | classification | error: RuntimeError: boom |" in table
+    line = readme_results._line("zoo-cpu-*.json", result)
+    assert line.startswith("3 models: every check passed on 1, 2 failed; 17 of 20 BatchNorms folded (85.0%)")
+
+
+def test_cpu_line_gives_no_speed_figure_for_runs_not_interleaved() -> None:
+    rows = [{"speedup": 1.12}, {"speedup": 1.03}]
+    line = readme_results._line("cpu-models-*.json", {"machine": {"threads": 2}, "rows": rows})
+    assert "no speed figure" in line and "1.12" not in line
+    interleaved = [{"speedup": 1.2, "speedup_pairwise": 0.98}, {"speedup": 1.0, "speedup_pairwise": 1.04}]
+    line = readme_results._line("cpu-models-*.json", {"machine": {"threads": 1}, "rows": interleaved})
+    assert "0.98-1.04x" in line

@@ -407,6 +407,21 @@ def test_gpt2_conv1d_mlp_fuses_as_gemm_chains():
         assert_close(opt(x2), reference64(model, x2), "ieee")
 
 
+def test_gpt2_mlp_holds_no_dead_weights():
+    """transformers' GPT2MLP has its residual outside: c_proj stays an addmm, read as F.linear of its weight
+    transposed into a new buffer, and the weight it replaced must not stay beside it."""
+
+    class MLPWithoutResidual(GPT2MLP):
+        def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+            return self.dropout(self.c_proj(self.act(self.c_fc(hidden_states))))
+
+    model = seeded(MLPWithoutResidual()).eval()
+    opt = optimize_and_compare(model, torch.randn(3, 7, 19))
+    assert fused_ops(opt) == [["linear", "gelu_tanh"]], str(opt.fusion_report)
+    kept = {k: tuple(v.shape) for k, v in opt.state_dict().items()}
+    assert sum(v.numel() for v in opt.state_dict().values()) == sum(p.numel() for p in model.parameters()), kept
+
+
 def test_flatten_of_another_tensor_is_not_cancelled():
     class Mismatched(Conv1D):
         def forward(self, x: torch.Tensor) -> torch.Tensor:

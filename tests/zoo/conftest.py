@@ -1,10 +1,7 @@
-"""The zoo imports torchvision, timm and ultralytics: their NMS operators first (see torchvision_shim)."""
+"""The zoo imports torchvision, timm and ultralytics: their NMS operators first (see zoo_checks.prepare)."""
 
 from __future__ import annotations
 
-import os
+import zoo_checks
 
-import torchvision_shim
-
-os.environ.setdefault("YOLO_OFFLINE", "1")  # ultralytics: no update checks (this machine has no network)
-torchvision_shim.install()
+zoo_checks.prepare()
