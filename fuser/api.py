@@ -26,6 +26,7 @@ from fuser.cat_buffers import eliminate_cats
 from fuser.chain import Chain
 from fuser.cuda_graphs import GraphReplay
 from fuser.graph_ops import CONV_ARGS, CONV_DEFAULTS, bind, constant_tensor
+from fuser.input_scale import fold_input_scales
 from fuser.kernels import autotune
 from fuser.kernels.precision import Precision
 from fuser.matcher import find_chains
@@ -259,7 +260,7 @@ def _run_pipeline(
             entries = [ChainReport.from_chain(c, True, kernel=_kernel_for(c, graph.gm)) for c in result.accepted]
             entries += [ChainReport.from_chain(r.chain, False, reason=r.reason) for r in result.rejected]
             rewritten = rewrite and (rewrite_chains(graph.gm, result.accepted, policy, backend) or rewrites)
-            rewrites += eliminate_cats(graph.gm) if rewritten else []
+            rewrites += eliminate_cats(graph.gm) + fold_input_scales(graph.gm) if rewritten else []
         except Exception as error:  # never fail the user's model over one graph: leave it as it was
             if strict():
                 raise

@@ -19,7 +19,8 @@ from fuser.kernels.epilogue import Epilogue
 from fuser.kernels.precision import Precision
 from fuser.references import conv2d_reference, gemm_reference
 
-Call = Callable[..., torch.Tensor]  # call(x, residual) or, for a call built with an ``out``, call(x, residual, out)
+# call(x, residual); a conv's call(x, residual, out=None, input_scale=None) (fuser.calls.conv2d_call)
+Call = Callable[..., torch.Tensor]
 
 
 def _as_output(y: torch.Tensor, dtype: torch.dtype, memory_format: torch.memory_format) -> torch.Tensor:
@@ -38,14 +39,15 @@ def _pick(
     signature: Callable[[], tuple],
     x: torch.Tensor,
     residual: torch.Tensor | None,
-    out: torch.Tensor | None = None,
+    *extra: torch.Tensor | None,
 ) -> Call:
     """The call a resolved ``backend`` runs: the library where no kernel covers the call, under "measured"
-    whichever of the two path_choice finds faster for ``signature()``, otherwise the kernel."""
+    whichever of the two path_choice finds faster for ``signature()`` (timed on ``(x, residual, *extra)``),
+    otherwise the kernel."""
     if kernel is None:
         return library
     if backend == "measured":
-        args = (x, residual) if out is None else (x, residual, out)
+        args = (x, residual, *extra)
         chosen = path_choice.choose(signature(), lambda: kernel(*args), lambda: library(*args))
         return library if chosen == path_choice.LIBRARY else kernel
     return kernel
@@ -62,33 +64,44 @@ def conv2d_call(
     precision: Precision,
     backend: str,
     out: torch.Tensor | None = None,
+    input_scale: torch.Tensor | None = None,
 ) -> Call:
-    """``call(x, residual)`` computing ``fuser::conv2d_act`` for every call shaped like this one.
+    """``call(x, residual, out=None, input_scale=None)`` computing ``fuser::conv2d_act`` for every call shaped
+    like this one.
 
     With an example ``out`` (a tensor of the output's shape, dtype and device, channels contiguous and
-    pixels as rows of one stride: a channel slice of a channels_last buffer) the call is
-    ``call(x, residual, out)`` and writes its result into ``out`` and returns it; an ``out`` that does not
-    fit is ignored (the call returns a new tensor), so a caller must use what the call returns. ``out``
-    must not overlap ``x`` or ``residual``."""
+    pixels as rows of one stride: a channel slice of a channels_last buffer) the call takes an ``out`` like
+    it and writes its result into ``out`` and returns it; an ``out`` that does not fit is ignored (the call
+    returns a new tensor), so a caller must use what the call returns. ``out`` must not overlap ``x`` or
+    ``residual``. With an example ``input_scale`` the call takes one like it and computes the conv of
+    ``x * input_scale`` (the kernels multiply as they load ``x``; see fuser.input_scale)."""
     if out is not None and not _fits_output(out, x, weight, geometry):
-        fresh = conv2d_call(x, weight, bias, residual, packed_weight, geometry, epilogue, precision, backend)
-        return lambda x, residual, out=None: fresh(x, residual)
+        fresh = conv2d_call(
+            x, weight, bias, residual, packed_weight, geometry, epilogue, precision, backend, None, input_scale
+        )
+        return lambda x, residual, out=None, input_scale=None: fresh(x, residual, None, input_scale)
     chosen = resolve_backend(backend, x.device)
     memory_format = conv_output_memory_format(x, backend)
 
-    def library(x: torch.Tensor, residual: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
-        y = conv2d_reference(x, weight, bias, residual, geometry, epilogue, precision)
+    def library(
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        out: torch.Tensor | None = None,
+        input_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        y = conv2d_reference(x, weight, bias, residual, geometry, epilogue, precision, input_scale)
         return _as_output(y, x.dtype, memory_format) if out is None else out.copy_(y)
 
     if chosen == "torch":
         return library
     kernel = kernel_dispatch.conv2d(
         x, weight, bias, residual, packed_weight, geometry, epilogue, precision, interpret=chosen == "interpret",
-        out=out,
+        out=out, input_scale=input_scale,
     )  # fmt: skip
     extra = ("conv2d", geometry, epilogue, precision.value)
-    signature = lambda: path_choice.signature(x, weight, residual, extra=extra)
-    return _pick(chosen, kernel, library, signature, x, residual, out)
+    scaled = () if input_scale is None else (input_scale,)
+    signature = lambda: path_choice.signature(x, weight, residual, *scaled, extra=extra)
+    return _pick(chosen, kernel, library, signature, x, residual, out, input_scale)
 
 
 def _fits_output(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, geometry: ConvGeometry) -> bool:

@@ -80,9 +80,11 @@ def conv2d(
     *,
     interpret: bool,
     out: torch.Tensor | None = None,
+    input_scale: torch.Tensor | None = None,
 ) -> Call | None:
-    """``call(x, residual)`` running the kernel for every call shaped like this one, or None; with an
-    example ``out``, ``call(x, residual, out)`` storing into every ``out`` shaped and strided like it."""
+    """``call(x, residual, out=None, input_scale=None)`` running the kernel for every call shaped like this
+    one, or None. With an example ``out`` it stores into every ``out`` shaped and strided like it; with an
+    example ``input_scale`` it computes the conv of ``x * input_scale`` for every ``input_scale`` like it."""
     from fuser import kernels
 
     groups = geometry.groups
@@ -90,6 +92,8 @@ def conv2d(
     if not kernels.conv2d_supported(c_in_per_group * groups, c_out, groups) or x.dim() != 4:
         return None
     if x.dtype not in KERNEL_DTYPES or weight.dtype not in KERNEL_DTYPES:
+        return None
+    if input_scale is not None and not scale_prologue_applies(x, input_scale, weight, geometry):
         return None
     oh, ow = geometry.output_size(x.shape[2:], (kh, kw))
     if not _residual_fits(residual, (x.shape[0], c_out, oh, ow)):
@@ -110,10 +114,31 @@ def conv2d(
         residual=residual,
         out=out,
         interpret=interpret,
+        input_scale=input_scale,
     )
-    if out is not None:  # the plan stores with out's strides: it is only ever called with an out like it
-        return lambda x, residual, out: plan(x, packed, bias, residual, out)
-    return lambda x, residual: plan(x, packed, bias, residual)
+    # the plan stores with out's strides and reads input_scale's: it is only ever called with ones like them
+    return lambda x, residual, out=None, input_scale=None: plan(x, packed, bias, residual, out, input_scale)
+
+
+def scale_prologue_applies(
+    x: torch.Tensor, input_scale: torch.Tensor, weight: torch.Tensor, geometry: ConvGeometry
+) -> bool:
+    """Whether a kernel computes ``conv(x * input_scale)`` itself: a scale of ``x``'s dtype and shape
+    ``[N or 1, C_in, 1, 1]`` (one factor per image and channel), and a kernel with the operand prologue
+    (every one but the RGB stem's direct conv). Elsewhere the reference multiplies first."""
+    from fuser.kernels.conv_choice import ConvKernel, conv_kernel
+
+    if type(input_scale) is not torch.Tensor or input_scale.dim() != 4 or input_scale.dtype != x.dtype:
+        return False
+    if input_scale.device != x.device:
+        return False
+    n, c_in = x.shape[:2]
+    if input_scale.shape[0] not in (1, n) or input_scale.shape[1] != c_in or input_scale.shape[2:] != (1, 1):
+        return False
+    c_out, _, kh, kw = weight.shape
+    groups = geometry.groups
+    kernel = conv_kernel(c_in, c_out, groups, (kh, kw), geometry.stride, geometry.padding)
+    return kernel is not None and kernel != ConvKernel.DIRECT
 
 
 def gemm(

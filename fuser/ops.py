@@ -96,24 +96,32 @@ def conv2d_act(
     scale: float,
     precision: str,
     backend: str,
+    input_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``epilogue(conv2d(x, weight) + bias)``; padding is (top, bottom, left, right).
 
     ``packed_weight`` is ``weight`` packed for the kernels (fuser.kernels.pack_conv_weight), or None; the
-    reference path ignores it. Output layout: see :func:`fuser.backends.conv_output_memory_format`.
+    reference path ignores it. ``input_scale`` (``[N or 1, C_in, 1, 1]``, optional, last so that calls
+    without it keep their form) makes it the conv of ``x * input_scale``, multiplied as the kernel loads
+    ``x`` (fuser.input_scale). Output layout: see :func:`fuser.backends.conv_output_memory_format`.
     """
     geometry, epilogue, policy, backend = _conv2d_spec(
         stride, padding, dilation, groups, act, alpha, residual_mode, scale, precision, backend
     )
-    call = calls.conv2d_call(x, weight, bias, residual, packed_weight, geometry, epilogue, policy, backend)
-    return call(x, residual)
+    call = calls.conv2d_call(
+        x, weight, bias, residual, packed_weight, geometry, epilogue, policy, backend, input_scale=input_scale
+    )
+    return call(x, residual, None, input_scale)
 
 
 @conv2d_act.register_fake
-def _conv2d_act_fake(x, weight, bias, residual, packed_weight, stride, padding, dilation, groups, *rest):
+def _conv2d_act_fake(
+    x, weight, bias, residual, packed_weight, stride, padding, dilation, groups, act, alpha, residual_mode, scale,
+    precision, backend, input_scale=None,
+):  # fmt: skip
     oh, ow = conv_output_size(x.shape[2:], weight.shape[2:], stride, padding, dilation)
     out = x.new_empty((x.shape[0], weight.shape[0], oh, ow))
-    return out.contiguous(memory_format=conv_output_memory_format(x, rest[-1]))
+    return out.contiguous(memory_format=conv_output_memory_format(x, backend))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -168,11 +176,11 @@ def _inference_only_fake(grad, shape, op):
     return grad.new_empty(shape)
 
 
-def _register_inference_only(op: Any, name: str, tensor_inputs: int) -> None:
+def _register_inference_only(op: Any, name: str) -> None:
     """An autograd formula for ``op`` whose gradients all come from :func:`_inference_only`."""
 
     def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
-        ctx.shapes = [t.shape if isinstance(t, torch.Tensor) else None for t in inputs[:tensor_inputs]]
+        ctx.shapes = [t.shape if isinstance(t, torch.Tensor) else None for t in inputs]
 
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         grads: list[torch.Tensor | None] = [None] * len(ctx.needs_input_grad)
@@ -184,5 +192,5 @@ def _register_inference_only(op: Any, name: str, tensor_inputs: int) -> None:
     torch.library.register_autograd(op, backward, setup_context=setup_context)
 
 
-_register_inference_only(conv2d_act, "fuser::conv2d_act", 5)
-_register_inference_only(gemm_act, "fuser::gemm_act", 5)
+_register_inference_only(conv2d_act, "fuser::conv2d_act")
+_register_inference_only(gemm_act, "fuser::gemm_act")

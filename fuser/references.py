@@ -30,8 +30,12 @@ def conv2d_reference(
     geometry: ConvGeometry,
     epilogue: Epilogue,
     precision: Precision = Precision.IEEE,
+    input_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``epilogue(conv2d(x, weight) + bias)`` in plain torch."""
+    """``epilogue(conv2d(x, weight) + bias)`` in plain torch; ``conv2d(x * input_scale, ...)`` with an
+    ``input_scale`` (the channel-scale prologue: the kernels multiply as they load, in ``x``'s dtype)."""
+    if input_scale is not None:
+        x = x * input_scale
     x_, w_ = _round_operands(precision, x, weight)
     top, bottom, left, right = geometry.padding
     stride, dilation, groups = geometry.stride, geometry.dilation, geometry.groups

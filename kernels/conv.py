@@ -41,6 +41,7 @@ from .launch import (
     check_bias,
     check_device,
     check_float,
+    check_input_scale,
     check_out,
     check_path,
     check_residual,
@@ -53,19 +54,29 @@ from .launch import (
 from .packing import PackedConvWeight
 from .precision import dot_acc
 from .splitk import SplitReduce, split_k_candidates
-from .tiles import decode_rows, finish_tile, grouped_tile, row_offsets, split_range
+from .tiles import (
+    PROLOGUE_CHANNEL_SCALE,
+    PROLOGUE_NONE,
+    decode_rows,
+    finish_tile,
+    grouped_tile,
+    load_operand,
+    row_offsets,
+    split_range,
+)
 
 
 # Image sizes vary per layer: not specialized, so layers that differ only in them share one compile.
 @triton.jit(do_not_specialize=["H", "W", "OH", "OW", "M"])
 def _conv2d_act_kernel(
     # pointers; w_ref and out_ref are tensor descriptors when USE_DESC; out_ref is the float32
-    # [SPLIT_K, M, C_out] workspace when SPLIT_K > 1
+    # [SPLIT_K, M, C_out] workspace when SPLIT_K > 1; ps_ptr: the prologue's [N, C_in] factors (tiles.py)
     x_ptr,
     w_ref,
     bias_ptr,
     res_ptr,
     out_ref,
+    ps_ptr,
     # sizes
     H,
     W,
@@ -93,6 +104,8 @@ def _conv2d_act_kernel(
     sr_h,
     sr_w,
     stride_om,
+    sps_n,
+    sps_c,
     # epilogue scalars
     alpha,
     scale,
@@ -104,6 +117,7 @@ def _conv2d_act_kernel(
     ACT: tl.constexpr,
     RESIDUAL: tl.constexpr,
     HAS_SCALE: tl.constexpr,
+    PROLOGUE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     USE_DESC: tl.constexpr,
@@ -130,6 +144,7 @@ def _conv2d_act_kernel(
     ih0 = oh * stride_h - pad_top
     iw0 = ow * stride_w - pad_left
     x_rows = x_ptr + n_idx.to(tl.int64) * sx_n + (group * C_IN_G).to(tl.int64) * sx_c
+    ps_img = n_idx.to(tl.int64)[:, None] * sps_n
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if FLAT_K:
@@ -144,7 +159,7 @@ def _conv2d_act_kernel(
             iw = iw0[:, None] + (kw * dil_w)[None, :]
             ok = m_ok[:, None] & (k < K_TOTAL)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
             a_ptrs = x_rows[:, None] + ih.to(tl.int64) * sx_h + iw.to(tl.int64) * sx_w + (c * sx_c)[None, :]
-            a = tl.load(a_ptrs, mask=ok, other=0.0)
+            a = load_operand(a_ptrs, ok, ps_ptr, ps_img, ((group * C_IN_G + c) * sps_c)[None, :], PROLOGUE)
             if USE_DESC:
                 w = w_ref.load([w_row0, k0]).T
             else:
@@ -166,7 +181,8 @@ def _conv2d_act_kernel(
             c_ok = c < C_IN_G
             pix = ih.to(tl.int64) * sx_h + iw.to(tl.int64) * sx_w
             a_ptrs = x_rows[:, None] + pix[:, None] + (c * sx_c)[None, :]
-            a = tl.load(a_ptrs, mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+            a = load_operand(a_ptrs, row_ok[:, None] & c_ok[None, :], ps_ptr, ps_img,
+                             ((group * C_IN_G + c) * sps_c)[None, :], PROLOGUE)  # fmt: skip
             k_w = tap * C_IN_G + c0
             if USE_DESC:
                 # Columns past this tap's channels belong to the next tap; a's zeros cancel them.
@@ -273,6 +289,7 @@ def conv2d_act(
     interpret: bool = False,
     path: str = "auto",
     tile: TileConfig | None = None,
+    input_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``epilogue(conv2d(x, W) + bias)`` in one kernel; returns ``[N, C_out, OH, OW]``, channels_last.
 
@@ -285,12 +302,15 @@ def conv2d_act(
     ``buf[:, c0:c0 + C_out]`` of a channels_last ``buf`` that a concatenation would otherwise copy into.
     ``interpret=True`` runs the same kernels in Triton's interpreter on CPU tensors. ``path`` forces
     the tensor-descriptor or the pointer path and ``tile`` a tile config (tests, candidate sweeps).
+    ``input_scale`` ``[N or 1, C_in, 1, 1]`` (the squeeze-excitation scale) computes ``conv2d(x * input_scale)``
+    instead, the product formed as the kernel loads ``x``: no tensor of ``x``'s size is written. The
+    direct kernel of the RGB stem (``C_in / groups <= 4``) has no such load and refuses it.
     """
     plan = conv2d_act_plan(
         x, weight, bias, stride=stride, padding=padding, dilation=dilation, epilogue=epilogue, residual=residual,
-        out=out, interpret=interpret, path=path, tile=tile,
+        out=out, interpret=interpret, path=path, tile=tile, input_scale=input_scale,
     )  # fmt: skip
-    return plan(x, weight.data, bias, residual, out)
+    return plan(x, weight.data, bias, residual, out, input_scale)
 
 
 def conv2d_act_plan(
@@ -307,9 +327,11 @@ def conv2d_act_plan(
     interpret: bool = False,
     path: str = "auto",
     tile: TileConfig | None = None,
+    input_scale: torch.Tensor | None = None,
 ) -> Callable[..., torch.Tensor]:
     """The launch plan of :func:`conv2d_act` for calls like this one: ``plan(x, weight.data, bias, residual)``,
-    or ``plan(x, weight.data, bias, residual, out)`` for a plan made with an ``out``.
+    or ``plan(x, weight.data, bias, residual, out)`` for a plan made with an ``out``, and
+    ``plan(x, weight.data, bias, residual, out, input_scale)`` for one made with an ``input_scale``.
 
     Valid for any tensors with the same shapes, strides, dtypes, devices and 16-byte alignment as the
     example ones. A caller that makes the same call many times (a fused module) keeps the plan and skips
@@ -318,10 +340,10 @@ def conv2d_act_plan(
     key = lambda: (
         tensor_meta(x), tensor_meta(weight.data), weight.out_channels, weight.in_channels, weight.kernel_size,
         weight.groups, weight.precision, tensor_meta(bias), tensor_meta(residual), tensor_meta(out), stride,
-        padding, dilation, epilogue, interpret, path, tile,
+        padding, dilation, epilogue, interpret, path, tile, tensor_meta(input_scale),
     )  # fmt: skip
     build = lambda: _plan_conv(
-        x, weight, bias, stride, padding, dilation, epilogue, residual, out, interpret, path, tile
+        x, weight, bias, stride, padding, dilation, epilogue, residual, out, interpret, path, tile, input_scale
     )
     return _plans.get(key, build)
 
@@ -339,6 +361,7 @@ def _plan_conv(
     interpret: bool,
     path: str,
     tile: TileConfig | None,
+    input_scale: torch.Tensor | None = None,
 ) -> Callable[..., torch.Tensor]:
     """Check one call's inputs (clear errors), pick the kernel (conv_choice.py) and build the plan for
     calls like it."""
@@ -369,7 +392,9 @@ def _plan_conv(
             f"{h}x{w} input: output would be {oh}x{ow}"
         )
     tensors = {"x": x, "weight": weight.data, "bias": bias, "residual": residual, "out": out}
-    device = check_device(op, interpret, tensors)
+    device = check_device(op, interpret, {**tensors, "input_scale": input_scale})
+    scale_rows = lambda t: check_input_scale(op, t, n, c_in, x.dtype)
+    scale2 = scale_rows(input_scale)
     bias32 = check_bias(op, bias, c_out)
     convert_bias = bias32 is not None and bias32 is not bias
     out4 = (n, c_out, oh, ow)
@@ -379,7 +404,7 @@ def _plan_conv(
     example = new_out() if out is None else out
     row_stride = check_out(op, example, out4, dtype, device, 1).stride(0)
     if example.numel() == 0:
-        return lambda x, w, bias, residual, out=None: new_out() if out is None else out
+        return lambda x, w, bias, residual, out=None, input_scale=None: new_out() if out is None else out
     # NHWC view with the strides the kernels assume (size-1 dimensions may have had any)
     nhwc = lambda t: t.as_strided((n, oh, ow, c_out), (oh * ow * row_stride, ow * row_stride, row_stride, 1))
     out_nhwc = nhwc(example)
@@ -391,11 +416,16 @@ def _plan_conv(
             f"{op}: the descriptor path does not exist for the {kernel.value} kernel "
             f"(C_in={c_in}, groups={groups}); it reads through pointers"
         )
+    if scale2 is not None and kernel == ConvKernel.DIRECT:
+        raise ValueError(
+            f"{op}: input_scale is not supported by the direct conv kernel (C_in={c_in}, groups={groups}: at most "
+            "4 input channels per group); scale the input first"
+        )
     as_input = as_residual = as_output = lambda t: t
     precision = weight.precision
     if kernel == ConvKernel.DEPTHWISE:
         run = prepare_depthwise(x, weight.data, (kh, kw), bias32, epilogue, res4, out_nhwc, stride, padding,
-                                dilation, interpret, precision.value, tile)  # fmt: skip
+                                dilation, interpret, precision.value, tile, scale2)  # fmt: skip
     elif kernel == ConvKernel.DIRECT:
         run = prepare_direct(x, weight.data, c_out, groups, (kh, kw), bias32, epilogue, res4, out_nhwc,
                              stride, padding, dilation, interpret, precision.value, tile)  # fmt: skip
@@ -405,18 +435,27 @@ def _plan_conv(
         as_output = lambda t: t.as_strided((n * h * w, c_out), (t.stride(2), 1))
         res3 = None if res4 is None else as_residual(res4)
         run = prepare_gemm(op, as_input(x), weight.data, c_out, precision, bias32, epilogue, res3,
-                           as_output(out_nhwc), interpret, path, tile)  # fmt: skip
+                           as_output(out_nhwc), interpret, path, tile, scale2)  # fmt: skip
     else:
         run = prepare_implicit_gemm(op, x, weight, bias32, epilogue, res4, out_nhwc, stride, padding, dilation,
-                                    interpret, path, tile)  # fmt: skip
+                                    interpret, path, tile, scale2)  # fmt: skip
 
     def plan(
-        x: torch.Tensor, w: torch.Tensor, bias: Any, residual: Any, out: torch.Tensor | None = None
+        x: torch.Tensor,
+        w: torch.Tensor,
+        bias: Any,
+        residual: Any,
+        out: torch.Tensor | None = None,
+        input_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if out is None:
             out = new_out()
         res = None if residual is None else as_residual(residual.expand(out4))
-        run(as_input(x), w, bias.float().contiguous() if convert_bias else bias, res, as_output(nhwc(out)))
+        bias = bias.float().contiguous() if convert_bias else bias
+        if input_scale is None:
+            run(as_input(x), w, bias, res, as_output(nhwc(out)))
+        else:
+            run(as_input(x), w, bias, res, as_output(nhwc(out)), scale_rows(input_scale))
         return out
 
     return plan
@@ -436,10 +475,12 @@ def prepare_implicit_gemm(
     interpret: bool,
     path: str,
     tile: TileConfig | None = None,
+    scale2: torch.Tensor | None = None,
 ) -> Callable[..., Any]:
-    """Choose path and tile for checked example inputs; return ``run(x, w, bias32, res4, out_nhwc)``
-    for every call of the same signature (``out_nhwc [N, OH, OW, C_out]``, unit channel stride, pixels
-    as rows of one stride ``out_nhwc.stride(2)``)."""
+    """Choose path and tile for checked example inputs; return ``run(x, w, bias32, res4, out_nhwc,
+    scale2=None)`` for every call of the same signature (``out_nhwc [N, OH, OW, C_out]``, unit channel
+    stride, pixels as rows of one stride ``out_nhwc.stride(2)``; ``scale2 [N, C_in]`` the channel-scale
+    prologue's factors, tiles.py)."""
     n, c_in, h, w = x.shape
     _, oh, ow, c_out = out_nhwc.shape
     kh, kw = weight.kernel_size
@@ -473,6 +514,7 @@ def prepare_implicit_gemm(
         w_data.stride(0),
         *res_strides,
         out2.stride(0),
+        *(scale2.stride() if scale2 is not None else (0, 0)),
         float(epilogue.alpha), float(epilogue.scale),
     )  # fmt: skip
     constexprs = {
@@ -483,6 +525,7 @@ def prepare_implicit_gemm(
         "ACT": int(epilogue.act),
         "RESIDUAL": int(epilogue.residual),
         "HAS_SCALE": epilogue.scale != 1.0,
+        "PROLOGUE": int(PROLOGUE_NONE if scale2 is None else PROLOGUE_CHANNEL_SCALE),
         "DOT_PRECISION": dot_precision(precision, w_data.dtype),
         "UPCAST": interpret,
         "USE_DESC": use_desc,
@@ -500,13 +543,16 @@ def prepare_implicit_gemm(
             reduce = SplitReduce(config.split_k, m, c_out, (oh, ow), res_rows, out2.stride(0), epilogue,
                                  bias32 is not None, x.device, interpret)  # fmt: skip
 
-        def run(x: torch.Tensor, w: torch.Tensor, bias32: Any, res4: Any, out_nhwc: torch.Tensor) -> Any:
+        def run(
+            x: torch.Tensor, w: torch.Tensor, bias32: Any, res4: Any, out_nhwc: torch.Tensor, scale2: Any = None
+        ) -> Any:
             out2 = rows(out_nhwc)
             w_ref = make_descriptor(w, w_block) if use_desc else w
             if reduce is not None:
-                return reduce(lambda ws: call.launch(grid, (x, w_ref, bias32, res4, ws), options), bias32, res4, out2)
+                launch = lambda ws: call.launch(grid, (x, w_ref, bias32, res4, ws, scale2), options)
+                return reduce(launch, bias32, res4, out2)
             out_ref = make_descriptor(out2, out_block) if use_desc else out2
-            return call.launch(grid, (x, w_ref, bias32, res4, out_ref), options)
+            return call.launch(grid, (x, w_ref, bias32, res4, out_ref, scale2), options)
 
         return run
 
@@ -527,7 +573,7 @@ def prepare_implicit_gemm(
         "conv2d_act",
         key,
         conv_candidates(m, c_in_g, c_out_g, k_total, elem, flat_k, kh * kw),
-        lambda c: runner(c)(x, w_data, bias32, res4, out_nhwc),
+        lambda c: runner(c)(x, w_data, bias32, res4, out_nhwc, scale2),
         interpret=interpret,
         interpret_config=INTERPRET_CONFIG if flat_k or c_in_g > 16 else INTERPRET_CONFIG_NARROW,
         forced=tile,
