@@ -24,6 +24,7 @@ from fuser.canonicalize import canonicalize
 from fuser.capture import Capture, CapturedGraph, UntracedModule, capture, install, propagate_shapes
 from fuser.cat_buffers import eliminate_cats
 from fuser.chain import Chain
+from fuser.channel_mean import fuse_channel_means
 from fuser.cuda_graphs import GraphReplay
 from fuser.graph_ops import CONV_ARGS, CONV_DEFAULTS, bind, constant_tensor
 from fuser.input_scale import fold_input_scales
@@ -255,7 +256,7 @@ def _run_pipeline(
     for graph in captured.graphs:
         try:
             fired = canonicalize(graph.gm)
-            rewrites = fuse_pool_pyramids(graph.gm, backend)
+            rewrites = fuse_pool_pyramids(graph.gm, backend) + fuse_channel_means(graph.gm, backend)
             result = find_chains(graph.gm, graph.path)
             entries = [ChainReport.from_chain(c, True, kernel=_kernel_for(c, graph.gm)) for c in result.accepted]
             entries += [ChainReport.from_chain(r.chain, False, reason=r.reason) for r in result.rejected]

@@ -113,7 +113,7 @@ def fold_input_scales(gm: fx.GraphModule) -> list[GraphRewrite]:
         if result is None:
             continue
         mul, reason = result
-        source = str(mul.meta.get("source_module", mul.name))
+        source = str(mul.meta.get("source_module") or mul.name)
         if reason is not None:
             found.append(GraphRewrite("input_scale_kept", source, f"{mul.name} kept: {reason}", []))
             continue

@@ -13,13 +13,11 @@ import copy
 import operator
 from pathlib import Path
 
-import numpy as np
-import onnx
-import onnxruntime as ort
 import pytest
 import torch
 import torch.nn.functional as F
 from accuracy import assert_close, randomize_batchnorm, reference64
+from ort_runs import exported_standard, run_onnxruntime
 from torch import nn
 
 import fuser
@@ -250,16 +248,11 @@ def test_onnx_export_is_mul_and_conv_and_matches_onnxruntime(tmp_path: Path) -> 
     fast = fuser.optimize(model, (x,), precision="ieee", backend="torch")
     assert _kinds(fast, "input_scale")
     path = export_onnx(fast, (x,), tmp_path / "se.onnx")
-    exported = onnx.load(path)
-    onnx.checker.check_model(exported)
-    ops = [n.op_type for n in exported.graph.node]
-    assert "Mul" in ops and "Conv" in ops and all(not n.domain or n.domain == "ai.onnx" for n in exported.graph.node)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    ops = [n.op_type for n in exported_standard(path).graph.node]
+    assert "Mul" in ops and "Conv" in ops, ops
     x3 = torch.randn(3, 6, 9, 11)
-    (got,) = session.run(None, {exported.graph.input[0].name: x3.numpy()})
-    assert_close(torch.from_numpy(np.asarray(got)), reference64(model, x3), "ieee", "onnxruntime")
+    (got,) = run_onnxruntime(path, x3)
+    assert_close(got, reference64(model, x3), "ieee", "onnxruntime")
 
 
 def test_torch_compile_sees_one_opaque_op_with_the_scale() -> None:
@@ -295,6 +288,7 @@ def test_efficientnet_every_se_scale_is_folded(backend: str) -> None:
     blocks = sum(1 for name, _ in model.named_modules() if name.endswith(".se"))
     assert len(_kinds(fast, "input_scale")) == blocks > 0, str(fast.fusion_report)
     assert not _kinds(fast, "input_scale_kept")
+    assert len(_kinds(fast, "channel_mean")) == blocks + 1  # every SE pool and the head's
     with torch.no_grad():
         out, ref = fast(x), reference64(model, x)
     assert_close(out, ref, "ieee", backend)
