@@ -35,6 +35,7 @@ from fuser.pool_pyramid import fuse_pool_pyramids
 from fuser.precision import torch_precision
 from fuser.report import ChainReport, FusionReport
 from fuser.rewrite import rewrite_chains
+from fuser.virtual_cat import fuse_virtual_cats
 
 ModelLike = nn.Module | str | os.PathLike
 
@@ -261,7 +262,8 @@ def _run_pipeline(
             entries = [ChainReport.from_chain(c, True, kernel=_kernel_for(c, graph.gm)) for c in result.accepted]
             entries += [ChainReport.from_chain(r.chain, False, reason=r.reason) for r in result.rejected]
             rewritten = rewrite and (rewrite_chains(graph.gm, result.accepted, policy, backend) or rewrites)
-            rewrites += eliminate_cats(graph.gm) + fold_input_scales(graph.gm) if rewritten else []
+            if rewritten:
+                rewrites += fuse_virtual_cats(graph.gm) + eliminate_cats(graph.gm) + fold_input_scales(graph.gm)
         except Exception as error:  # never fail the user's model over one graph: leave it as it was
             if strict():
                 raise

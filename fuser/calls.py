@@ -65,21 +65,28 @@ def conv2d_call(
     backend: str,
     out: torch.Tensor | None = None,
     input_scale: torch.Tensor | None = None,
+    cat_with: torch.Tensor | None = None,
+    upsample: int = 1,
 ) -> Call:
-    """``call(x, residual, out=None, input_scale=None)`` computing ``fuser::conv2d_act`` for every call shaped
-    like this one.
+    """``call(x, residual, out=None, input_scale=None, cat_with=None)`` computing ``fuser::conv2d_act`` for
+    every call shaped like this one.
 
     With an example ``out`` (a tensor of the output's shape, dtype and device, channels contiguous and
     pixels as rows of one stride: a channel slice of a channels_last buffer) the call takes an ``out`` like
     it and writes its result into ``out`` and returns it; an ``out`` that does not fit is ignored (the call
     returns a new tensor), so a caller must use what the call returns. ``out`` must not overlap ``x`` or
     ``residual``. With an example ``input_scale`` the call takes one like it and computes the conv of
-    ``x * input_scale`` (the kernels multiply as they load ``x``; see fuser.input_scale)."""
-    if out is not None and not _fits_output(out, x, weight, geometry):
+    ``x * input_scale`` (the kernels multiply as they load ``x``; see fuser.input_scale). With an example
+    ``cat_with`` the conv's input is ``cat([upsample_nearest(x, upsample), cat_with], 1)``, which the
+    kernels read without materializing it (fuser.virtual_cat)."""
+    if out is not None and not _fits_output(out, x if cat_with is None else cat_with, weight, geometry):
         fresh = conv2d_call(
-            x, weight, bias, residual, packed_weight, geometry, epilogue, precision, backend, None, input_scale
+            x, weight, bias, residual, packed_weight, geometry, epilogue, precision, backend, None, input_scale,
+            cat_with, upsample,
+        )  # fmt: skip
+        return lambda x, residual, out=None, input_scale=None, cat_with=None: fresh(
+            x, residual, None, input_scale, cat_with
         )
-        return lambda x, residual, out=None, input_scale=None: fresh(x, residual, None, input_scale)
     chosen = resolve_backend(backend, x.device)
     memory_format = conv_output_memory_format(x, backend)
 
@@ -88,25 +95,26 @@ def conv2d_call(
         residual: torch.Tensor | None,
         out: torch.Tensor | None = None,
         input_scale: torch.Tensor | None = None,
+        cat_with: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        y = conv2d_reference(x, weight, bias, residual, geometry, epilogue, precision, input_scale)
+        y = conv2d_reference(x, weight, bias, residual, geometry, epilogue, precision, input_scale, cat_with, upsample)
         return _as_output(y, x.dtype, memory_format) if out is None else out.copy_(y)
 
     if chosen == "torch":
         return library
     kernel = kernel_dispatch.conv2d(
         x, weight, bias, residual, packed_weight, geometry, epilogue, precision, interpret=chosen == "interpret",
-        out=out, input_scale=input_scale,
+        out=out, input_scale=input_scale, cat_with=cat_with, upsample=upsample,
     )  # fmt: skip
-    extra = ("conv2d", geometry, epilogue, precision.value)
-    scaled = () if input_scale is None else (input_scale,)
-    signature = lambda: path_choice.signature(x, weight, residual, *scaled, extra=extra)
-    return _pick(chosen, kernel, library, signature, x, residual, out, input_scale)
+    extra = ("conv2d", geometry, epilogue, precision.value) + (() if upsample == 1 else (upsample,))
+    optional = tuple(t for t in (input_scale, cat_with) if t is not None)
+    signature = lambda: path_choice.signature(x, weight, residual, *optional, extra=extra)
+    return _pick(chosen, kernel, library, signature, x, residual, out, input_scale, cat_with)
 
 
 def _fits_output(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, geometry: ConvGeometry) -> bool:
-    """Whether the conv of ``x`` can be written into ``out``: its shape, dtype and device, unit channel
-    stride and the pixels as rows of one stride (NHWC order)."""
+    """Whether the conv of an input of ``x``'s batch, size, dtype and device can be written into ``out``:
+    its shape, dtype and device, unit channel stride and the pixels as rows of one stride (NHWC order)."""
     if type(out) is not torch.Tensor or x.dim() != 4 or out.dtype != x.dtype or out.device != x.device:
         return False
     oh, ow = geometry.output_size(x.shape[2:], weight.shape[2:])

@@ -97,29 +97,35 @@ def conv2d_act(
     precision: str,
     backend: str,
     input_scale: torch.Tensor | None = None,
+    cat_with: torch.Tensor | None = None,
+    upsample: int = 1,
 ) -> torch.Tensor:
     """``epilogue(conv2d(x, weight) + bias)``; padding is (top, bottom, left, right).
 
     ``packed_weight`` is ``weight`` packed for the kernels (fuser.kernels.pack_conv_weight), or None; the
     reference path ignores it. ``input_scale`` (``[N or 1, C_in, 1, 1]``, optional, last so that calls
     without it keep their form) makes it the conv of ``x * input_scale``, multiplied as the kernel loads
-    ``x`` (fuser.input_scale). Output layout: see :func:`fuser.backends.conv_output_memory_format`.
+    ``x`` (fuser.input_scale). ``cat_with`` (optional) makes the input ``cat([upsample_nearest(x, upsample),
+    cat_with], 1)``, read by the kernels without being materialized (fuser.virtual_cat). Output layout: see
+    :func:`fuser.backends.conv_output_memory_format`.
     """
     geometry, epilogue, policy, backend = _conv2d_spec(
         stride, padding, dilation, groups, act, alpha, residual_mode, scale, precision, backend
     )
     call = calls.conv2d_call(
-        x, weight, bias, residual, packed_weight, geometry, epilogue, policy, backend, input_scale=input_scale
-    )
-    return call(x, residual, None, input_scale)
+        x, weight, bias, residual, packed_weight, geometry, epilogue, policy, backend, None, input_scale, cat_with,
+        upsample,
+    )  # fmt: skip
+    return call(x, residual, None, input_scale, cat_with)
 
 
 @conv2d_act.register_fake
 def _conv2d_act_fake(
     x, weight, bias, residual, packed_weight, stride, padding, dilation, groups, act, alpha, residual_mode, scale,
-    precision, backend, input_scale=None,
+    precision, backend, input_scale=None, cat_with=None, upsample=1,
 ):  # fmt: skip
-    oh, ow = conv_output_size(x.shape[2:], weight.shape[2:], stride, padding, dilation)
+    spatial = x.shape[2:] if cat_with is None else cat_with.shape[2:]
+    oh, ow = conv_output_size(spatial, weight.shape[2:], stride, padding, dilation)
     out = x.new_empty((x.shape[0], weight.shape[0], oh, ow))
     return out.contiguous(memory_format=conv_output_memory_format(x, backend))
 

@@ -88,6 +88,24 @@ def load_operand(ptrs, mask, ps_ptr, ps_img, ps_chan, PROLOGUE: tl.constexpr):
 
 
 @triton.jit
+def virtual_cat_pointers(
+    a_ptr, b_ptr, n_idx, ih, iw, c, c0, C_A, sa_n, sa_h, sa_w, sa_c, sb_n, sb_h, sb_w, sb_c, UP: tl.constexpr
+):
+    """Addresses of an A tile (rows at input pixels ``(n_idx, ih, iw)``, channels ``c`` of one block starting
+    at ``c0``) in the virtual input ``cat([upsample_nearest(a, UP), b], 1)``, which is never materialized:
+    channels below ``C_A`` are ``a``'s at ``(ih // UP, iw // UP)``, the rest ``b``'s at ``(ih, iw)``. A block
+    lies in one source when ``C_A`` is a multiple of the block (the launcher's condition)."""
+    n64 = n_idx.to(tl.int64)
+    if c0 < C_A:
+        rows = n64 * sa_n + (ih // UP).to(tl.int64) * sa_h + (iw // UP).to(tl.int64) * sa_w
+        ptrs = a_ptr + rows[:, None] + (c.to(tl.int64) * sa_c)[None, :]
+    else:
+        rows = n64 * sb_n + ih.to(tl.int64) * sb_h + iw.to(tl.int64) * sb_w
+        ptrs = b_ptr + rows[:, None] + ((c - C_A).to(tl.int64) * sb_c)[None, :]
+    return ptrs
+
+
+@triton.jit
 def epilogue_tile(
     acc,
     channels,

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from accuracy import assert_close, reference64
-from ort_runs import exported_standard, run_onnxruntime
+from export_checks import compile_once, exported_standard, run_onnxruntime
 from torch import nn
 
 import fuser
@@ -113,9 +113,6 @@ def test_without_shapes_a_negative_dim_mean_is_left_alone() -> None:
 
 
 def test_exports_standard_onnx_and_compiles_to_one_frame(tmp_path: Path) -> None:
-    from torch._dynamo.testing import CompileCounterWithBackend
-    from torch._dynamo.utils import counters
-
     class Head(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -134,14 +131,7 @@ def test_exports_standard_onnx_and_compiles_to_one_frame(tmp_path: Path) -> None
     (got,) = run_onnxruntime(path, x3)
     assert_close(got, reference64(model, x3), "ieee", "onnxruntime")
 
-    torch._dynamo.reset()
-    counters.clear()
-    counter = CompileCounterWithBackend("eager")
-    compiled = torch.compile(fast, backend=counter)
-    with torch.no_grad():
-        compiled(x)
-        out = compiled(x)
-    assert counter.frame_count == 1 and not counters["graph_break"], dict(counters["graph_break"])
+    out = compile_once(fast, x)
     assert_close(out, reference64(model, x), "ieee")
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from accuracy import assert_close, randomize_batchnorm, reference64
-from ort_runs import exported_standard, run_onnxruntime
+from export_checks import compile_once, exported_standard, run_onnxruntime
 from torch import nn
 
 import fuser
@@ -256,19 +256,9 @@ def test_onnx_export_is_mul_and_conv_and_matches_onnxruntime(tmp_path: Path) -> 
 
 
 def test_torch_compile_sees_one_opaque_op_with_the_scale() -> None:
-    from torch._dynamo.testing import CompileCounterWithBackend
-    from torch._dynamo.utils import counters
-
     model, x = _se(), torch.randn(2, 6, 9, 11)
     fast = fuser.optimize(model, (x,), precision="ieee", backend="torch")
-    torch._dynamo.reset()
-    counters.clear()
-    counter = CompileCounterWithBackend("eager")
-    compiled = torch.compile(fast, backend=counter)
-    with torch.no_grad():
-        out = compiled(x)
-        out = compiled(x)
-    assert counter.frame_count == 1 and not counters["graph_break"], dict(counters["graph_break"])
+    out = compile_once(fast, x)
     assert_close(out, reference64(model, x), "ieee")
 
 

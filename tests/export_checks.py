@@ -1,4 +1,5 @@
-"""Run an exported ONNX file in onnxruntime (one thread, CPU), the reference of every export test."""
+"""What the export and compile tests of the fusions between convs share: an exported file run in onnxruntime
+(one thread, CPU), and a module compiled by torch.compile with dynamo's counters."""
 
 from __future__ import annotations
 
@@ -27,3 +28,19 @@ def run_onnxruntime(path: str | Path, *inputs: torch.Tensor) -> list[torch.Tenso
     names = [i.name for i in session.get_inputs()]
     feeds = {name: t.numpy() for name, t in zip(names, inputs, strict=True)}
     return [torch.from_numpy(np.asarray(o)) for o in session.run(None, feeds)]
+
+
+def compile_once(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``torch.compile(module)(x)`` (eager backend), called twice, after asserting one frame and no graph break."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    counter = CompileCounterWithBackend("eager")
+    compiled = torch.compile(module, backend=counter)
+    with torch.no_grad():
+        compiled(x)
+        out = compiled(x)
+    assert counter.frame_count == 1 and not counters["graph_break"], dict(counters["graph_break"])
+    return out
