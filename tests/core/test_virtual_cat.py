@@ -197,3 +197,15 @@ def test_a_virtual_input_conv_still_stores_into_the_next_concatenation() -> None
     with torch.no_grad():
         assert_close(fast(x), reference64(model, x), "ieee")
         assert_close(fast(x), reference64(model, x), "ieee", "second call")
+
+
+def test_opcheck_of_the_op_with_a_virtual_input() -> None:
+    from fuser.fused_modules import FusedConv2d
+
+    fast = fuser.optimize(randomize_batchnorm(Neck()).eval(), (torch.randn(2, 5, 14, 10),), backend="torch")
+    conv = next(m for m in fast.modules() if isinstance(m, FusedConv2d) and m.weight.shape[1] == 51)
+    a, b = torch.randn(2, 32, 4, 3), torch.randn(2, 19, 8, 6)
+    args = (a, conv.weight, conv.bias, None, conv.packed, *conv._op_args, None, b, 2)
+    torch.library.opcheck(torch.ops.fuser.conv2d_act.default, args, test_utils=("test_schema", "test_faketensor"))
+    out = torch.ops.fuser.conv2d_act(*args)
+    assert out.shape == (2, 13, 8, 6)
