@@ -101,25 +101,13 @@ class _FusedBase(nn.Module):
     def _make_op_args(self) -> tuple:
         raise NotImplementedError
 
-    def _make_call(
-        self,
-        x: torch.Tensor,
-        residual: torch.Tensor | None,
-        out: torch.Tensor | None = None,
-        input_scale: torch.Tensor | None = None,
-        cat_with: torch.Tensor | None = None,
-        upsample: int = 1,
-    ) -> Call:
+    def _make_call(self, x: torch.Tensor, residual: torch.Tensor | None, *conv_inputs: Any) -> Call:
+        """The call for inputs like these; ``conv_inputs`` (FusedConv2d only): out, input_scale, cat_with,
+        upsample."""
         raise NotImplementedError
 
-    def _reference(
-        self,
-        x: torch.Tensor,
-        residual: torch.Tensor | None,
-        input_scale: torch.Tensor | None = None,
-        cat_with: torch.Tensor | None = None,
-        upsample: int = 1,
-    ) -> torch.Tensor:
+    def _reference(self, x: torch.Tensor, residual: torch.Tensor | None, *conv_inputs: Any) -> torch.Tensor:
+        """Plain torch; ``conv_inputs`` (FusedConv2d only): input_scale, cat_with, upsample."""
         raise NotImplementedError
 
     def _refresh(self) -> None:
@@ -370,28 +358,13 @@ class FusedLinear(_FusedBase):
     def _make_op_args(self) -> tuple:
         return ops.gemm_op_args(self.epilogue, self.kernel_precision, self.backend)
 
-    def _make_call(
-        self,
-        x: torch.Tensor,
-        residual: torch.Tensor | None,
-        out: torch.Tensor | None = None,
-        input_scale: torch.Tensor | None = None,
-        cat_with: torch.Tensor | None = None,
-        upsample: int = 1,
-    ) -> Call:
+    def _make_call(self, x: torch.Tensor, residual: torch.Tensor | None, *_conv_only: Any) -> Call:
         b = self._buffers
         return calls.gemm_call(
             x, b["weight"], b["bias"], residual, b["packed"], self.epilogue, self.kernel_precision, self.backend
         )
 
-    def _reference(
-        self,
-        x: torch.Tensor,
-        residual: torch.Tensor | None,
-        input_scale: torch.Tensor | None = None,
-        cat_with: torch.Tensor | None = None,
-        upsample: int = 1,
-    ) -> torch.Tensor:
+    def _reference(self, x: torch.Tensor, residual: torch.Tensor | None, *_conv_only: Any) -> torch.Tensor:
         return gemm_reference(x, self.weight, self.bias, residual, self.epilogue)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
