@@ -30,9 +30,12 @@ from fuser.match.matcher import find_chains
 from fuser.report import ChainReport, FusionReport
 from fuser.rewrite.cat_buffers import eliminate_cats
 from fuser.rewrite.chains import rewrite_chains
+from fuser.rewrite.channel_mean import fuse_channel_means
 from fuser.rewrite.detect_head import find_detect_heads, install_detect_heads
+from fuser.rewrite.input_scale import fold_input_scales
 from fuser.rewrite.pool_pyramid import fuse_pool_pyramids
 from fuser.rewrite.tf32_rounding import compensate_truncated_inputs, mark_tf32_rounded_outputs
+from fuser.rewrite.virtual_cat import fuse_virtual_cats
 from fuser.runtime.cuda_graphs import GraphReplay
 from fuser.runtime.torch_precision import torch_precision
 
@@ -267,15 +270,17 @@ def _run_pipeline(
     for graph in captured.graphs:
         try:
             fired = canonicalize(graph.gm)
-            rewrites = fuse_pool_pyramids(graph.gm, backend)
+            rewrites = fuse_pool_pyramids(graph.gm, backend) + fuse_channel_means(graph.gm, backend)
             result = find_chains(graph.gm, graph.path)
             entries = [ChainReport.from_chain(c, True, kernel=_kernel_for(c, graph.gm)) for c in result.accepted]
             entries += [ChainReport.from_chain(r.chain, False, reason=r.reason) for r in result.rejected]
             rewritten = rewrite and (rewrite_chains(graph.gm, result.accepted, policy, backend) or rewrites)
             if rewritten:
+                # TF32 rounding first: it must see the multiplies and concatenations the passes below fold
+                # into the convs' operand loads (a folded product is truncated, not stored rounded).
                 mark_tf32_rounded_outputs(graph.gm)
                 compensate_truncated_inputs(graph.gm)
-            rewrites += eliminate_cats(graph.gm) if rewritten else []
+                rewrites += fuse_virtual_cats(graph.gm) + eliminate_cats(graph.gm) + fold_input_scales(graph.gm)
         except Exception as error:  # never fail the user's model over one graph: leave it as it was
             if strict():
                 raise

@@ -20,6 +20,7 @@ other case. A tile config with ``split_k > 1`` splits the reduction across progr
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -41,6 +42,7 @@ from .launch import (
     check_bias,
     check_device,
     check_float,
+    check_input_scale,
     check_out,
     check_path,
     check_residual,
@@ -53,7 +55,17 @@ from .launch import (
 from .packing import PackedConvWeight
 from .precision import dot_acc
 from .splitk import SplitReduce, split_k_candidates
-from .tiles import decode_rows, finish_tile, grouped_tile, row_offsets, split_range
+from .tiles import (
+    PROLOGUE_CHANNEL_SCALE,
+    PROLOGUE_NONE,
+    decode_rows,
+    finish_tile,
+    grouped_tile,
+    load_operand,
+    row_offsets,
+    split_range,
+    virtual_cat_pointers,
+)
 
 
 # Image sizes and the conv geometry vary per layer: not specialized, so layers that differ only in them share
@@ -64,12 +76,14 @@ from .tiles import decode_rows, finish_tile, grouped_tile, row_offsets, split_ra
 )
 def _conv2d_act_kernel(
     # pointers; w_ref and out_ref are tensor descriptors when USE_DESC; out_ref is the float32
-    # [SPLIT_K, M, C_out] workspace when SPLIT_K > 1
+    # [SPLIT_K, M, C_out] workspace when SPLIT_K > 1; ps_ptr: the prologue's [N, C_in] factors (tiles.py)
     x_ptr,
     w_ref,
     bias_ptr,
     res_ptr,
     out_ref,
+    ps_ptr,
+    x2_ptr,  # VIRTUAL_CAT: the second source b of the input cat([upsample_nearest(x, UP), b], 1) (tiles.py)
     # sizes
     H,
     W,
@@ -97,6 +111,13 @@ def _conv2d_act_kernel(
     sr_h,
     sr_w,
     stride_om,
+    sps_n,
+    sps_c,
+    C_A,
+    sx2_n,
+    sx2_h,
+    sx2_w,
+    sx2_c,
     # epilogue scalars
     alpha,
     scale,
@@ -109,6 +130,9 @@ def _conv2d_act_kernel(
     RESIDUAL: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     ROUND_TF32: tl.constexpr,
+    PROLOGUE: tl.constexpr,
+    VIRTUAL_CAT: tl.constexpr,
+    UP: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     USE_DESC: tl.constexpr,
@@ -135,6 +159,7 @@ def _conv2d_act_kernel(
     ih0 = oh * stride_h - pad_top
     iw0 = ow * stride_w - pad_left
     x_rows = x_ptr + n_idx.to(tl.int64) * sx_n + (group * C_IN_G).to(tl.int64) * sx_c
+    ps_img = n_idx.to(tl.int64)[:, None] * sps_n
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if FLAT_K:
@@ -149,7 +174,7 @@ def _conv2d_act_kernel(
             iw = iw0[:, None] + (kw * dil_w)[None, :]
             ok = m_ok[:, None] & (k < K_TOTAL)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
             a_ptrs = x_rows[:, None] + ih.to(tl.int64) * sx_h + iw.to(tl.int64) * sx_w + (c * sx_c)[None, :]
-            a = tl.load(a_ptrs, mask=ok, other=0.0)
+            a = load_operand(a_ptrs, ok, ps_ptr, ps_img, ((group * C_IN_G + c) * sps_c)[None, :], PROLOGUE)
             if USE_DESC:
                 w = w_ref.load([w_row0, k0]).T
             else:
@@ -169,9 +194,14 @@ def _conv2d_act_kernel(
             row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
             c = c0 + offs_k
             c_ok = c < C_IN_G
-            pix = ih.to(tl.int64) * sx_h + iw.to(tl.int64) * sx_w
-            a_ptrs = x_rows[:, None] + pix[:, None] + (c * sx_c)[None, :]
-            a = tl.load(a_ptrs, mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+            if VIRTUAL_CAT:
+                a_ptrs = virtual_cat_pointers(x_ptr, x2_ptr, n_idx, ih, iw, c, c0, C_A, sx_n, sx_h, sx_w, sx_c,
+                                              sx2_n, sx2_h, sx2_w, sx2_c, UP)  # fmt: skip
+            else:
+                pix = ih.to(tl.int64) * sx_h + iw.to(tl.int64) * sx_w
+                a_ptrs = x_rows[:, None] + pix[:, None] + (c * sx_c)[None, :]
+            a = load_operand(a_ptrs, row_ok[:, None] & c_ok[None, :], ps_ptr, ps_img,
+                             ((group * C_IN_G + c) * sps_c)[None, :], PROLOGUE)  # fmt: skip
             k_w = tap * C_IN_G + c0
             if USE_DESC:
                 # Columns past this tap's channels belong to the next tap; a's zeros cancel them.
@@ -256,6 +286,8 @@ def conv2d_tile_candidates(
     return conv_candidates(n * oh * ow, c_in_g, c_out // groups, weight.k_total, elem, flat_k, kh * kw)
 
 
+VIRTUAL_CAT_ALIGN = 16  # the smallest channel block: the first source's channels must be a multiple of it
+
 # Under the interpreter every op costs Python overhead per program: large M tiles, few programs.
 INTERPRET_CONFIG = TileConfig(128, 32, 32, 2, 4, 1)
 INTERPRET_CONFIG_NARROW = TileConfig(128, 32, 16, 2, 4, 1)
@@ -278,6 +310,9 @@ def conv2d_act(
     interpret: bool = False,
     path: str = "auto",
     tile: TileConfig | None = None,
+    input_scale: torch.Tensor | None = None,
+    cat_with: torch.Tensor | None = None,
+    upsample: int = 1,
 ) -> torch.Tensor:
     """``epilogue(conv2d(x, W) + bias)`` in one kernel; returns ``[N, C_out, OH, OW]``, channels_last.
 
@@ -290,12 +325,20 @@ def conv2d_act(
     ``buf[:, c0:c0 + C_out]`` of a channels_last ``buf`` that a concatenation would otherwise copy into.
     ``interpret=True`` runs the same kernels in Triton's interpreter on CPU tensors. ``path`` forces
     the tensor-descriptor or the pointer path and ``tile`` a tile config (tests, candidate sweeps).
+    ``input_scale`` ``[N or 1, C_in, 1, 1]`` (the squeeze-excitation scale) computes ``conv2d(x * input_scale)``
+    instead, the product formed as the kernel loads ``x``: no tensor of ``x``'s size is written. The
+    direct kernel of the RGB stem (``C_in / groups <= 4``) has no such load and refuses it.
+    ``cat_with`` (with ``upsample``) makes the conv's input the virtual ``cat([upsample_nearest(x, upsample),
+    cat_with], 1)`` (YOLO's neck), which is never materialized: the implicit-GEMM gather reads channel blocks
+    of ``x`` at ``(h // upsample, w // upsample)`` and of ``cat_with`` at ``(h, w)``, 1x1 convs included.
+    ``x``'s channel count must be a multiple of ``VIRTUAL_CAT_ALIGN`` and the conv ungrouped.
     """
     plan = conv2d_act_plan(
         x, weight, bias, stride=stride, padding=padding, dilation=dilation, epilogue=epilogue, residual=residual,
-        out=out, interpret=interpret, path=path, tile=tile,
+        out=out, interpret=interpret, path=path, tile=tile, input_scale=input_scale, cat_with=cat_with,
+        upsample=upsample,
     )  # fmt: skip
-    return plan(x, weight.data, bias, residual, out)
+    return plan(x, weight.data, bias, residual, out, input_scale, cat_with)
 
 
 def conv2d_act_plan(
@@ -312,9 +355,14 @@ def conv2d_act_plan(
     interpret: bool = False,
     path: str = "auto",
     tile: TileConfig | None = None,
+    input_scale: torch.Tensor | None = None,
+    cat_with: torch.Tensor | None = None,
+    upsample: int = 1,
 ) -> Callable[..., torch.Tensor]:
     """The launch plan of :func:`conv2d_act` for calls like this one: ``plan(x, weight.data, bias, residual)``,
-    or ``plan(x, weight.data, bias, residual, out)`` for a plan made with an ``out``.
+    or ``plan(x, weight.data, bias, residual, out)`` for a plan made with an ``out``, and
+    ``plan(x, weight.data, bias, residual, out, input_scale, cat_with)`` for one made with an
+    ``input_scale`` or a ``cat_with``.
 
     Valid for any tensors with the same shapes, strides, dtypes, devices and 16-byte alignment as the
     example ones. A caller that makes the same call many times (a fused module) keeps the plan and skips
@@ -323,11 +371,13 @@ def conv2d_act_plan(
     key = lambda: (
         tensor_meta(x), tensor_meta(weight.data), weight.out_channels, weight.in_channels, weight.kernel_size,
         weight.groups, weight.precision, tensor_meta(bias), tensor_meta(residual), tensor_meta(out), stride,
-        padding, dilation, epilogue, interpret, path, tile,
+        padding, dilation, epilogue, interpret, path, tile, tensor_meta(input_scale), tensor_meta(cat_with),
+        upsample,
     )  # fmt: skip
     build = lambda: _plan_conv(
-        x, weight, bias, stride, padding, dilation, epilogue, residual, out, interpret, path, tile
-    )
+        x, weight, bias, stride, padding, dilation, epilogue, residual, out, interpret, path, tile, input_scale,
+        cat_with, upsample,
+    )  # fmt: skip
     return _plans.get(key, build)
 
 
@@ -344,6 +394,9 @@ def _plan_conv(
     interpret: bool,
     path: str,
     tile: TileConfig | None,
+    input_scale: torch.Tensor | None = None,
+    cat_with: torch.Tensor | None = None,
+    upsample: int = 1,
 ) -> Callable[..., torch.Tensor]:
     """Check one call's inputs (clear errors), pick the kernel (conv_choice.py) and build the plan for
     calls like it."""
@@ -358,10 +411,11 @@ def _plan_conv(
     stride = _pair(op, "stride", stride)
     dilation = _pair(op, "dilation", dilation)
     padding = _padding4(op, padding)
-    n, c_in, h, w = x.shape
+    n, c_in, h, w = _virtual_shape(op, x, cat_with, upsample)
     if c_in != weight.in_channels:
+        what = "x" if cat_with is None else f"cat([upsample(x, {upsample}), cat_with], 1)"
         raise ValueError(
-            f"{op}: x has {c_in} channels (shape {tuple(x.shape)}) but the packed weight expects "
+            f"{op}: {what} has {c_in} channels (shape {(n, c_in, h, w)}) but the packed weight expects "
             f"C_in={weight.in_channels}"
         )
     kh, kw = weight.kernel_size
@@ -374,7 +428,9 @@ def _plan_conv(
             f"{h}x{w} input: output would be {oh}x{ow}"
         )
     tensors = {"x": x, "weight": weight.data, "bias": bias, "residual": residual, "out": out}
-    device = check_device(op, interpret, tensors)
+    device = check_device(op, interpret, {**tensors, "input_scale": input_scale, "cat_with": cat_with})
+    scale_rows = lambda t: check_input_scale(op, t, n, c_in, x.dtype)
+    scale2 = scale_rows(input_scale)
     bias32 = check_bias(op, bias, c_out)
     convert_bias = bias32 is not None and bias32 is not bias
     out4 = (n, c_out, oh, ow)
@@ -384,7 +440,7 @@ def _plan_conv(
     example = new_out() if out is None else out
     row_stride = check_out(op, example, out4, dtype, device, 1).stride(0)
     if example.numel() == 0:
-        return lambda x, w, bias, residual, out=None: new_out() if out is None else out
+        return lambda x, w, bias, residual, out=None, input_scale=None, cat_with=None: new_out() if out is None else out
     # NHWC view with the strides the kernels assume (size-1 dimensions may have had any)
     nhwc = lambda t: t.as_strided((n, oh, ow, c_out), (oh * ow * row_stride, ow * row_stride, row_stride, 1))
     out_nhwc = nhwc(example)
@@ -396,11 +452,23 @@ def _plan_conv(
             f"{op}: the descriptor path does not exist for the {kernel.value} kernel "
             f"(C_in={c_in}, groups={groups}); it reads through pointers"
         )
+    if scale2 is not None and kernel == ConvKernel.DIRECT:
+        raise ValueError(
+            f"{op}: input_scale is not supported by the direct conv kernel (C_in={c_in}, groups={groups}: at most "
+            "4 input channels per group); scale the input first"
+        )
+    if cat_with is not None:
+        if groups != 1 or not kernel.tensor_cores:
+            raise ValueError(
+                f"{op}: a virtual concatenation input (cat_with) needs an ungrouped conv on the tensor-core "
+                f"kernels, got groups={groups}, the {kernel.value} kernel"
+            )
+        kernel = ConvKernel.IMPLICIT_GEMM  # its gather reads the two sources; the 1x1 GEMM's rows cannot
     as_input = as_residual = as_output = lambda t: t
     precision = weight.precision
     if kernel == ConvKernel.DEPTHWISE:
         run = prepare_depthwise(x, weight.data, (kh, kw), bias32, epilogue, res4, out_nhwc, stride, padding,
-                                dilation, interpret, precision.value, tile)  # fmt: skip
+                                dilation, interpret, precision.value, tile, scale2)  # fmt: skip
     elif kernel == ConvKernel.DIRECT:
         run = prepare_direct(x, weight.data, c_out, groups, (kh, kw), bias32, epilogue, res4, out_nhwc,
                              stride, padding, dilation, interpret, precision.value, tile)  # fmt: skip
@@ -410,21 +478,71 @@ def _plan_conv(
         as_output = lambda t: t.as_strided((n * h * w, c_out), (t.stride(2), 1))
         res3 = None if res4 is None else as_residual(res4)
         run = prepare_gemm(op, as_input(x), weight.data, c_out, precision, bias32, epilogue, res3,
-                           as_output(out_nhwc), interpret, path, tile)  # fmt: skip
+                           as_output(out_nhwc), interpret, path, tile, scale2)  # fmt: skip
     else:
+        virtual = None if cat_with is None else (cat_with, upsample)
         run = prepare_implicit_gemm(op, x, weight, bias32, epilogue, res4, out_nhwc, stride, padding, dilation,
-                                    interpret, path, tile)  # fmt: skip
+                                    interpret, path, tile, scale2, virtual)  # fmt: skip
 
     def plan(
-        x: torch.Tensor, w: torch.Tensor, bias: Any, residual: Any, out: torch.Tensor | None = None
+        x: torch.Tensor,
+        w: torch.Tensor,
+        bias: Any,
+        residual: Any,
+        out: torch.Tensor | None = None,
+        input_scale: torch.Tensor | None = None,
+        cat_with: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if out is None:
             out = new_out()
         res = None if residual is None else as_residual(residual.expand(out4))
-        run(as_input(x), w, bias.float().contiguous() if convert_bias else bias, res, as_output(nhwc(out)))
+        bias = bias.float().contiguous() if convert_bias else bias
+        if cat_with is not None:
+            scale2 = None if input_scale is None else scale_rows(input_scale)
+            run(x, w, bias, res, nhwc(out), scale2, cat_with)  # the implicit GEMM: no views of the sources
+        elif input_scale is not None:
+            run(as_input(x), w, bias, res, as_output(nhwc(out)), scale_rows(input_scale))
+        else:
+            run(as_input(x), w, bias, res, as_output(nhwc(out)))
         return out
 
     return plan
+
+
+def _virtual_shape(op: str, x: torch.Tensor, cat_with: torch.Tensor | None, upsample: int) -> tuple[int, int, int, int]:
+    """The conv input's shape: ``x``'s, or that of ``cat([upsample_nearest(x, upsample), cat_with], 1)``
+    after checking that the two concatenate (clear errors) and that each channel block reads one source."""
+    if cat_with is None:
+        if upsample != 1:
+            raise ValueError(f"{op}: upsample={upsample} applies to a virtual concatenation only (cat_with)")
+        return tuple(x.shape)  # type: ignore[return-value]
+    if not isinstance(cat_with, torch.Tensor) or cat_with.dim() != 4:
+        raise ValueError(
+            f"{op}: cat_with must be a 4-D [N, C, H, W] tensor, got {getattr(cat_with, 'shape', cat_with)}"
+        )
+    if type(upsample) is not int or upsample < 1:
+        raise ValueError(f"{op}: upsample must be an int >= 1, got {upsample!r}")
+    n, c_a, h, w = x.shape
+    expected = (n, h * upsample, w * upsample)
+    got = (cat_with.shape[0], cat_with.shape[2], cat_with.shape[3])
+    if got != expected or cat_with.dtype != x.dtype:
+        raise ValueError(
+            f"{op}: cat_with {tuple(cat_with.shape)} ({cat_with.dtype}) does not concatenate with x "
+            f"{tuple(x.shape)} ({x.dtype}) upsampled {upsample}x: needs N, H, W = {expected} and x's dtype"
+        )
+    if c_a % VIRTUAL_CAT_ALIGN:
+        raise ValueError(
+            f"{op}: a virtual concatenation needs x's channel count to be a multiple of {VIRTUAL_CAT_ALIGN} "
+            f"(each channel block reads one source), got {c_a}"
+        )
+    return n, c_a + cat_with.shape[1], expected[1], expected[2]
+
+
+def _one_source_blocks(config: TileConfig, channels: int) -> TileConfig:
+    """``config`` with the largest channel block (at most its own) that divides ``channels``: each block
+    of a virtual concatenation then lies in one of its sources."""
+    block_k = max(b for b in (64, 32, 16) if b <= max(16, config.block_k) and channels % b == 0)
+    return dataclasses.replace(config, block_k=block_k)
 
 
 def prepare_implicit_gemm(
@@ -441,11 +559,20 @@ def prepare_implicit_gemm(
     interpret: bool,
     path: str,
     tile: TileConfig | None = None,
+    scale2: torch.Tensor | None = None,
+    virtual: tuple[torch.Tensor, int] | None = None,
 ) -> Callable[..., Any]:
-    """Choose path and tile for checked example inputs; return ``run(x, w, bias32, res4, out_nhwc)``
-    for every call of the same signature (``out_nhwc [N, OH, OW, C_out]``, unit channel stride, pixels
-    as rows of one stride ``out_nhwc.stride(2)``)."""
+    """Choose path and tile for checked example inputs; return ``run(x, w, bias32, res4, out_nhwc,
+    scale2=None, x2=None)`` for every call of the same signature (``out_nhwc [N, OH, OW, C_out]``, unit
+    channel stride, pixels as rows of one stride ``out_nhwc.stride(2)``; ``scale2 [N, C_in]`` the
+    channel-scale prologue's factors, tiles.py). ``virtual = (b, up)``: the conv's input is
+    ``cat([upsample_nearest(x, up), b], 1)``, read from ``x`` and ``x2 = b`` without being materialized;
+    ``x``'s channel count must be a multiple of 16 (each channel block then reads one source)."""
     n, c_in, h, w = x.shape
+    c_a = c_in
+    if virtual is not None:
+        b, up = virtual
+        n, c_in, h, w = n, c_in + b.shape[1], b.shape[2], b.shape[3]
     _, oh, ow, c_out = out_nhwc.shape
     kh, kw = weight.kernel_size
     groups, precision, w_data = weight.groups, weight.precision, weight.data
@@ -478,17 +605,23 @@ def prepare_implicit_gemm(
         w_data.stride(0),
         *res_strides,
         out2.stride(0),
+        *(scale2.stride() if scale2 is not None else (0, 0)),
+        c_a,
+        *((b.stride(0), b.stride(2), b.stride(3), b.stride(1)) if virtual is not None else (0, 0, 0, 0)),
         float(epilogue.alpha), float(epilogue.scale),
     )  # fmt: skip
     constexprs = {
         "KH": kh,
         "KW": kw,
         "FLAT_K": flat_k,
+        "VIRTUAL_CAT": virtual is not None,
+        "UP": virtual[1] if virtual is not None else 1,
         "HAS_BIAS": bias32 is not None,
         "ACT": int(epilogue.act),
         "RESIDUAL": int(epilogue.residual),
         "HAS_SCALE": epilogue.scale != 1.0,
         "ROUND_TF32": epilogue.round_tf32,
+        "PROLOGUE": int(PROLOGUE_NONE if scale2 is None else PROLOGUE_CHANNEL_SCALE),
         "DOT_PRECISION": dot_precision(precision, w_data.dtype),
         "UPCAST": interpret,
         "USE_DESC": use_desc,
@@ -506,13 +639,22 @@ def prepare_implicit_gemm(
             reduce = SplitReduce(config.split_k, m, c_out, (oh, ow), res_rows, out2.stride(0), epilogue,
                                  bias32 is not None, x.device, interpret)  # fmt: skip
 
-        def run(x: torch.Tensor, w: torch.Tensor, bias32: Any, res4: Any, out_nhwc: torch.Tensor) -> Any:
+        def run(
+            x: torch.Tensor,
+            w: torch.Tensor,
+            bias32: Any,
+            res4: Any,
+            out_nhwc: torch.Tensor,
+            scale2: Any = None,
+            x2: Any = None,
+        ) -> Any:
             out2 = rows(out_nhwc)
             w_ref = make_descriptor(w, w_block) if use_desc else w
             if reduce is not None:
-                return reduce(lambda ws: call.launch(grid, (x, w_ref, bias32, res4, ws), options), bias32, res4, out2)
+                launch = lambda ws: call.launch(grid, (x, w_ref, bias32, res4, ws, scale2, x2), options)
+                return reduce(launch, bias32, res4, out2)
             out_ref = make_descriptor(out2, out_block) if use_desc else out2
-            return call.launch(grid, (x, w_ref, bias32, res4, out_ref), options)
+            return call.launch(grid, (x, w_ref, bias32, res4, out_ref, scale2, x2), options)
 
         return run
 
@@ -529,13 +671,23 @@ def prepare_implicit_gemm(
         "precision": precision.value,
         "descriptor": use_desc,
     }
+    candidates = conv_candidates(m, c_in_g, c_out_g, k_total, elem, flat_k, kh * kw)
+    interpret_config = INTERPRET_CONFIG if flat_k or c_in_g > 16 else INTERPRET_CONFIG_NARROW
+    x2 = None
+    if virtual is not None:
+        key.update(virtual_cat=[c_a, up], x2_strides=list(b.stride()))
+        candidates = list(dict.fromkeys(_one_source_blocks(c, c_a) for c in candidates))
+        interpret_config = _one_source_blocks(interpret_config, c_a)
+        x2 = b
+    if tile is not None and virtual is not None and c_a % tile.block_k:
+        raise ValueError(f"{op}: tile block_k={tile.block_k} does not divide the first source's {c_a} channels")
     config = choose_tile(
         "conv2d_act",
         key,
-        conv_candidates(m, c_in_g, c_out_g, k_total, elem, flat_k, kh * kw),
-        lambda c: runner(c)(x, w_data, bias32, res4, out_nhwc),
+        candidates,
+        lambda c: runner(c)(x, w_data, bias32, res4, out_nhwc, scale2, x2),
         interpret=interpret,
-        interpret_config=INTERPRET_CONFIG if flat_k or c_in_g > 16 else INTERPRET_CONFIG_NARROW,
+        interpret_config=interpret_config,
         forced=tile,
         device=x.device,
         problem=Problem(m, c_out_g, k_total, groups, elem, precision.value),

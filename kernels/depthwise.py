@@ -18,7 +18,15 @@ import triton.language as tl
 from .autotune import Problem, TileConfig
 from .epilogue import Epilogue
 from .launch import KernelCall, alignment_unit, cdiv, choose_tile
-from .tiles import decode_rows, epilogue_tile, row_offsets, store_tile
+from .tiles import (
+    PROLOGUE_CHANNEL_SCALE,
+    PROLOGUE_NONE,
+    decode_rows,
+    epilogue_tile,
+    load_operand,
+    row_offsets,
+    store_tile,
+)
 
 
 # Image sizes and the conv geometry vary per layer: not specialized, so layers that differ only in them share
@@ -34,6 +42,7 @@ def _depthwise_act_kernel(
     bias_ptr,
     res_ptr,
     out_ptr,
+    ps_ptr,  # the prologue's [N, C] factors (tiles.py)
     # sizes; C_V is C / VEC
     H,
     W,
@@ -59,6 +68,8 @@ def _depthwise_act_kernel(
     sr_h,
     sr_w,
     stride_om_v,
+    sps_n,
+    sps_c,
     # epilogue scalars
     alpha,
     scale,
@@ -70,6 +81,7 @@ def _depthwise_act_kernel(
     RESIDUAL: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     ROUND_TF32: tl.constexpr,
+    PROLOGUE: tl.constexpr,
     VEC: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -91,6 +103,8 @@ def _depthwise_act_kernel(
     iw0 = ow * stride_w - pad_left
     x_rows = x_ptr + n_idx.to(tl.int64) * sx_n
     c_off = offs_c.to(tl.int64) * sx_c
+    ps_img = n_idx.to(tl.int64)[:, None] * sps_n
+    ps_chan = (offs_c.to(tl.int64) * sps_c)[None, :]
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kh in tl.static_range(KH):
@@ -102,7 +116,7 @@ def _depthwise_act_kernel(
             pix = ih.to(tl.int64) * sx_h + iw.to(tl.int64) * sx_w
             w = tl.load(w_ptr + (kh * KW + kw) * C + offs_c, mask=c_ok, other=0.0)
             x_ptrs = x_rows[:, None] + pix[:, None] + c_off[None, :]
-            x = tl.load(x_ptrs, mask=ok[:, None] & c_ok[None, :], other=0.0)
+            x = load_operand(x_ptrs, ok[:, None] & c_ok[None, :], ps_ptr, ps_img, ps_chan, PROLOGUE)
             # Round the activation to the weights' (operand) dtype first, as the GEMM kernels do.
             acc += x.to(w.dtype).to(tl.float32) * w.to(tl.float32)[None, :]
 
@@ -140,10 +154,12 @@ def prepare_depthwise(
     interpret: bool,
     precision_name: str,
     tile: TileConfig | None = None,
+    scale2: torch.Tensor | None = None,
 ) -> Callable[..., Any]:
-    """Choose the tile for checked example inputs; return ``run(x, w, bias32, res4, out)`` for every call
-    of the same signature. ``out`` is ``[N, OH, OW, C]`` NHWC with unit channel stride and pixels as rows
-    of one stride (``out.stride(2)``), ``res4`` the residual expanded to ``[N, C, OH, OW]``."""
+    """Choose the tile for checked example inputs; return ``run(x, w, bias32, res4, out, scale2=None)`` for
+    every call of the same signature. ``out`` is ``[N, OH, OW, C]`` NHWC with unit channel stride and pixels
+    as rows of one stride (``out.stride(2)``), ``res4`` the residual expanded to ``[N, C, OH, OW]``,
+    ``scale2 [N, C]`` the channel-scale prologue's factors (tiles.py)."""
     n, c, h, wd = x.shape
     _, oh, ow, _ = out.shape
     m = n * oh * ow
@@ -157,6 +173,7 @@ def prepare_depthwise(
         x.stride(0) // vec, x.stride(2) // vec, x.stride(3) // vec, x.stride(1),
         *res_strides,
         out.stride(2) // vec,
+        *(scale2.stride() if scale2 is not None else (0, 0)),
         float(epilogue.alpha), float(epilogue.scale),
     )  # fmt: skip
     constexprs = {
@@ -167,6 +184,7 @@ def prepare_depthwise(
         "RESIDUAL": int(epilogue.residual),
         "HAS_SCALE": epilogue.scale != 1.0,
         "ROUND_TF32": epilogue.round_tf32,
+        "PROLOGUE": int(PROLOGUE_NONE if scale2 is None else PROLOGUE_CHANNEL_SCALE),
         "VEC": vec,
     }
     call = KernelCall(_depthwise_act_kernel, scalars, constexprs, interpret)
@@ -174,7 +192,9 @@ def prepare_depthwise(
     def runner(config: TileConfig) -> Callable[..., Any]:
         options = call.options(config)
         grid = (cdiv(m, config.block_m), cdiv(c, config.block_n))
-        return lambda x, w, bias32, res4, out: call.launch(grid, (x, w, bias32, res4, out), options)
+        return lambda x, w, bias32, res4, out, scale2=None: call.launch(
+            grid, (x, w, bias32, res4, out, scale2), options
+        )
 
     key = {
         "x": [n, c, h, wd],
@@ -190,7 +210,7 @@ def prepare_depthwise(
         "depthwise_act",
         key,
         depthwise_candidates(c),
-        lambda cfg: runner(cfg)(x, w, bias32, res4, out),
+        lambda cfg: runner(cfg)(x, w, bias32, res4, out, scale2),
         interpret=interpret,
         interpret_config=INTERPRET_CONFIG,
         forced=tile,

@@ -25,6 +25,7 @@ from .launch import (
     check_bias,
     check_device,
     check_float,
+    check_input_scale,
     check_out,
     check_path,
     check_residual,
@@ -37,18 +38,30 @@ from .launch import (
 from .packing import PackedGemmWeight
 from .precision import Precision, dot_acc
 from .splitk import SplitReduce, split_k_candidates
-from .tiles import decode_rows, finish_tile, grouped_tile, row_offsets, split_range
+from .tiles import (
+    PROLOGUE_CHANNEL_SCALE,
+    PROLOGUE_NONE,
+    decode_rows,
+    finish_tile,
+    grouped_tile,
+    load_operand,
+    operand_prologue,
+    row_offsets,
+    split_range,
+)
 
 
 # M and M_INNER vary with the batch and sequence length: not specialized, one compile serves them all.
 @triton.jit(do_not_specialize=["M", "M_INNER"])
 def _gemm_act_kernel(
-    # pointers, or tensor descriptors when USE_DESC (a, w, c); c is the float32 workspace when SPLIT_K > 1
+    # pointers, or tensor descriptors when USE_DESC (a, w, c); c is the float32 workspace when SPLIT_K > 1;
+    # ps_ptr: the prologue's per-(b, k) factors (tiles.py), a [B, K] tensor
     a_ref,
     w_ref,
     bias_ptr,
     res_ptr,
     c_ref,
+    ps_ptr,
     # sizes
     M,
     N,
@@ -63,6 +76,8 @@ def _gemm_act_kernel(
     stride_rm,
     stride_rn,
     stride_cm,
+    stride_psb,
+    stride_psk,
     # epilogue scalars
     alpha,
     scale,
@@ -72,6 +87,7 @@ def _gemm_act_kernel(
     RESIDUAL: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     ROUND_TF32: tl.constexpr,
+    PROLOGUE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     USE_DESC: tl.constexpr,
@@ -92,10 +108,14 @@ def _gemm_act_kernel(
     # A's rows (b, s) are output rows decoded with OH = M_INNER, OW = 1 (see tiles.py)
     b_idx, s_idx, o_idx = decode_rows(offs_m, m_ok, M_INNER, 1)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    ps_img = b_idx.to(tl.int64)[:, None] * stride_psb
 
     if USE_DESC:
         for k0 in range(k_lo, k_hi, BLOCK_K):
             a = a_ref.load([pid_m * BLOCK_M, k0])
+            k_ok = offs_k < k_hi - k0
+            a = operand_prologue(a, ps_ptr, ps_img, ((k0 + offs_k) * stride_psk)[None, :],
+                                 m_ok[:, None] & k_ok[None, :], PROLOGUE)  # fmt: skip
             w = w_ref.load([pid_n * BLOCK_N, k0])
             acc = dot_acc(a, w.T, acc, DOT_PRECISION, UPCAST)
     else:
@@ -104,7 +124,8 @@ def _gemm_act_kernel(
         w_ptrs = w_ref + offs_n[None, :].to(tl.int64) * stride_wn + (k_lo + offs_k)[:, None]
         for k0 in range(k_lo, k_hi, BLOCK_K):
             k_ok = offs_k < k_hi - k0
-            a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            a = load_operand(a_ptrs, m_ok[:, None] & k_ok[None, :], ps_ptr, ps_img,
+                             ((k0 + offs_k) * stride_psk)[None, :], PROLOGUE)  # fmt: skip
             w = tl.load(w_ptrs, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
             acc = dot_acc(a, w, acc, DOT_PRECISION, UPCAST)
             a_ptrs += BLOCK_K * stride_ak
@@ -157,13 +178,17 @@ def prepare_gemm(
     interpret: bool,
     path: str,
     tile: TileConfig | None = None,
-) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor], Any]:
-    """Choose the path and the tile for checked example inputs and return ``run(a3, w, bias32, res3, out2)``,
-    which launches the kernel on any tensors of the same shapes, strides, dtypes and alignment.
+    scale2: torch.Tensor | None = None,
+) -> Callable[..., Any]:
+    """Choose the path and the tile for checked example inputs and return
+    ``run(a3, w, bias32, res3, out2, scale2=None)``, which launches the kernel on any tensors of the same
+    shapes, strides, dtypes and alignment.
 
     ``a3 [B, S, K]`` has any strides, ``w`` is ``[N, K_pad]``, ``res3 [B, S, N]`` any strides (None
-    without a residual), ``out2 [B * S, N]`` unit channel stride and any row stride. The first call
-    measures the tile candidates unless ``tile`` forces one.
+    without a residual), ``out2 [B * S, N]`` unit channel stride and any row stride. ``scale2 [B, K]``
+    (any strides, 0 to broadcast) multiplies A's elements as they are loaded: ``(a3 * scale2[:, None]) @
+    W^T`` (the channel-scale prologue, tiles.py). The first call measures the tile candidates unless
+    ``tile`` forces one.
     """
     b, s, k = a3.shape
     m = b * s
@@ -185,6 +210,7 @@ def prepare_gemm(
         w.stride(0),
         *res_strides,
         out2.stride(0),
+        *(scale2.stride() if scale2 is not None else (0, 0)),
         float(epilogue.alpha), float(epilogue.scale),
     )  # fmt: skip
     constexprs = {
@@ -193,6 +219,7 @@ def prepare_gemm(
         "RESIDUAL": int(epilogue.residual),
         "HAS_SCALE": epilogue.scale != 1.0,
         "ROUND_TF32": epilogue.round_tf32,
+        "PROLOGUE": int(PROLOGUE_NONE if scale2 is None else PROLOGUE_CHANNEL_SCALE),
         "DOT_PRECISION": dot_precision(precision, w.dtype),
         "UPCAST": interpret,
         "USE_DESC": use_desc,
@@ -210,7 +237,9 @@ def prepare_gemm(
             reduce = SplitReduce(config.split_k, m, n, (s, 1), res_rows, out2.stride(0), epilogue,
                                  bias32 is not None, out2.device, interpret)  # fmt: skip
 
-        def run(a3: torch.Tensor, w: torch.Tensor, bias32: Any, res3: Any, out2: torch.Tensor) -> Any:
+        def run(
+            a3: torch.Tensor, w: torch.Tensor, bias32: Any, res3: Any, out2: torch.Tensor, scale2: Any = None
+        ) -> Any:
             if use_desc:
                 a_ref = make_descriptor(a3.as_strided((m, k), (a_row_stride, 1)), a_block)
                 w_ref = make_descriptor(w, w_block)
@@ -218,10 +247,10 @@ def prepare_gemm(
                 a_ref, w_ref = a3, w
             if reduce is not None:
                 return reduce(
-                    lambda ws: call.launch(grid, (a_ref, w_ref, bias32, res3, ws), options), bias32, res3, out2
+                    lambda ws: call.launch(grid, (a_ref, w_ref, bias32, res3, ws, scale2), options), bias32, res3, out2
                 )
             c_ref = make_descriptor(out2, c_block) if use_desc else out2
-            return call.launch(grid, (a_ref, w_ref, bias32, res3, c_ref), options)
+            return call.launch(grid, (a_ref, w_ref, bias32, res3, c_ref, scale2), options)
 
         return run
 
@@ -238,7 +267,7 @@ def prepare_gemm(
         "gemm_act",
         key,
         gemm_candidates(m, n, k, w.element_size()),
-        lambda c: runner(c)(a3, w, bias32, res3, out2),
+        lambda c: runner(c)(a3, w, bias32, res3, out2, scale2),
         interpret=interpret,
         interpret_config=INTERPRET_CONFIG,
         forced=tile,
@@ -262,6 +291,7 @@ def gemm_act(
     interpret: bool = False,
     path: str = "auto",
     tile: TileConfig | None = None,
+    input_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``epilogue(a @ W^T + bias)`` for ``a`` of shape ``[..., K]`` (2-D or 3-D, any strides).
 
@@ -271,11 +301,14 @@ def gemm_act(
     output's shape and dtype, unit stride along N, rows of one stride (a column slice of a wider
     buffer is fine). ``interpret=True`` runs the same kernel in Triton's interpreter on CPU tensors.
     ``path`` forces the tensor-descriptor or the pointer path and ``tile`` a tile config (tests).
+    ``input_scale`` ``[B or 1, K]`` (``B = a.shape[0]`` for a 3-D ``a``, 1 for a 2-D one) computes
+    ``(a * input_scale[:, None]) @ W^T`` instead, the product formed as A is loaded, never stored.
     """
     plan = gemm_act_plan(
-        a, weight, bias, epilogue=epilogue, residual=residual, out=out, interpret=interpret, path=path, tile=tile
-    )
-    return plan(a, weight.data, bias, residual, out)
+        a, weight, bias, epilogue=epilogue, residual=residual, out=out, interpret=interpret, path=path, tile=tile,
+        input_scale=input_scale,
+    )  # fmt: skip
+    return plan(a, weight.data, bias, residual, out, input_scale)
 
 
 def gemm_act_plan(
@@ -289,9 +322,11 @@ def gemm_act_plan(
     interpret: bool = False,
     path: str = "auto",
     tile: TileConfig | None = None,
+    input_scale: torch.Tensor | None = None,
 ) -> Callable[..., torch.Tensor]:
     """The launch plan of :func:`gemm_act` for calls like this one: ``plan(a, weight.data, bias, residual)``,
-    or ``plan(a, weight.data, bias, residual, out)`` for a plan made with an ``out``.
+    or ``plan(a, weight.data, bias, residual, out)`` for a plan made with an ``out``, and
+    ``plan(a, weight.data, bias, residual, out, input_scale)`` for one made with an ``input_scale``.
 
     Valid for any tensors with the same shapes, strides, dtypes, devices and 16-byte alignment as the
     example ones (see :func:`fuser.kernels.conv.conv2d_act_plan`).
@@ -299,8 +334,10 @@ def gemm_act_plan(
     key = lambda: (
         tensor_meta(a), tensor_meta(weight.data), weight.out_features, weight.in_features, weight.precision,
         tensor_meta(bias), tensor_meta(residual), tensor_meta(out), epilogue, interpret, path, tile,
+        tensor_meta(input_scale),
     )  # fmt: skip
-    return _plans.get(key, lambda: _plan_gemm(a, weight, bias, epilogue, residual, out, interpret, path, tile))
+    build = lambda: _plan_gemm(a, weight, bias, epilogue, residual, out, interpret, path, tile, input_scale)
+    return _plans.get(key, build)
 
 
 def _plan_gemm(
@@ -313,6 +350,7 @@ def _plan_gemm(
     interpret: bool,
     path: str,
     tile: TileConfig | None,
+    input_scale: torch.Tensor | None = None,
 ) -> Callable[..., torch.Tensor]:
     """Check one call's inputs (clear errors) and build the plan that serves every call like it."""
     op = "gemm_act"
@@ -326,9 +364,11 @@ def _plan_gemm(
     n, k = weight.out_features, weight.in_features
     if a.shape[-1] != k:
         raise ValueError(f"{op}: a has K={a.shape[-1]} (shape {tuple(a.shape)}) but the weight expects K={k}")
-    device = check_device(
-        op, interpret, {"a": a, "weight": weight.data, "bias": bias, "residual": residual, "out": out}
-    )
+    tensors = {"a": a, "weight": weight.data, "bias": bias, "residual": residual, "out": out}
+    device = check_device(op, interpret, {**tensors, "input_scale": input_scale})
+    batch = a.shape[0] if a.dim() == 3 else 1
+    scale_rows = lambda t: check_input_scale(op, t, batch, k, a.dtype, "a")
+    scale2 = scale_rows(input_scale)
     bias32 = check_bias(op, bias, n)
     convert_bias = bias32 is not None and bias32 is not bias
     out_shape = (*a.shape[:-1], n)
@@ -338,21 +378,27 @@ def _plan_gemm(
     out_rows = check_out(op, example, out_shape, dtype, device, len(out_shape) - 1)
     rows = lambda t: t.as_strided(out_rows.shape, out_rows.stride())
     if example.numel() == 0:
-        return lambda a, w, bias, residual, out=None: (
+        return lambda a, w, bias, residual, out=None, input_scale=None: (
             torch.empty(out_shape, dtype=dtype, device=device) if out is None else out
         )
     to3 = (lambda t: t) if a.dim() == 3 else (lambda t: t.unsqueeze(0))
     res3 = None if res is None else to3(res)
     run = prepare_gemm(op, to3(a), weight.data, n, weight.precision, bias32, epilogue, res3, out_rows,
-                       interpret, path, tile)  # fmt: skip
+                       interpret, path, tile, scale2)  # fmt: skip
 
     def plan(
-        a: torch.Tensor, w: torch.Tensor, bias: Any, residual: Any, out: torch.Tensor | None = None
+        a: torch.Tensor,
+        w: torch.Tensor,
+        bias: Any,
+        residual: Any,
+        out: torch.Tensor | None = None,
+        input_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if out is None:
             out = torch.empty(out_shape, dtype=dtype, device=device)
         res3 = None if residual is None else to3(residual.expand(out_shape))
-        run(to3(a), w, bias.float().contiguous() if convert_bias else bias, res3, rows(out))
+        scale2 = None if input_scale is None else scale_rows(input_scale)
+        run(to3(a), w, bias.float().contiguous() if convert_bias else bias, res3, rows(out), scale2)
         return out
 
     return plan

@@ -103,6 +103,26 @@ def check_residual(
         ) from None
 
 
+def check_input_scale(
+    op: str, scale: torch.Tensor | None, batch: int, channels: int, dtype: torch.dtype, what: str = "x"
+) -> torch.Tensor | None:
+    """The channel-scale prologue's factors as a ``[batch, channels]`` view (stride 0 where broadcast), from
+    ``scale`` of shape ``[batch or 1, channels, 1, 1]`` (a conv's) or ``[batch or 1, channels]`` (a GEMM's)
+    in ``what``'s dtype; None for None."""
+    if scale is None:
+        return None
+    shape = tuple(scale.shape)
+    ok = scale.dim() in (2, 4) and shape[0] in (1, batch) and shape[1] == channels and all(d == 1 for d in shape[2:])
+    if not ok:
+        expected = f"[{batch} or 1, {channels}" + (", 1, 1]" if scale.dim() == 4 else "]")
+        raise ValueError(
+            f"{op}: input_scale must have shape {expected} (one factor per image and channel), got {shape}"
+        )
+    if scale.dtype != dtype:
+        raise ValueError(f"{op}: input_scale is {scale.dtype} but {what} is {dtype}; they must match")
+    return scale.as_strided((batch, channels), (scale.stride(0) if shape[0] > 1 else 0, scale.stride(1)))
+
+
 def dot_precision(precision: Precision, operand: torch.dtype) -> str:
     """``input_precision`` for ``tl.dot``: the policy's for float32 operands; 16-bit ones ignore it."""
     return precision.dot_precision if operand == torch.float32 else "tf32"

@@ -1,5 +1,6 @@
 """The ``@triton.jit`` pieces every fused kernel shares: tile order, output-pixel decode, the reduction
-range of one split, and the epilogue tail (bias, residual, activation, masked store).
+range of one split, the operand prologue (what the A operand's load applies before the dot), and the
+epilogue tail (bias, residual, activation, masked store).
 
 A kernel is its main loop plus these. Sharing them means a fix to, say, residual addressing reaches the
 implicit GEMM, the GEMM, the direct and depthwise convs and the split-K reduction at once, and a new
@@ -59,6 +60,49 @@ def split_range(total, split, STEP: tl.constexpr, SPLIT_K: tl.constexpr):
         lo = split * per
         hi = tl.minimum(lo + per, total)
     return lo, hi
+
+
+# The A operand's prologue, a constexpr of the GEMM-style kernels. CHANNEL_SCALE: every element of A is
+# multiplied by a factor per (image, input channel) as it is loaded: ``conv(x * s)`` for the squeeze-excitation
+# scale ``s [N, C, 1, 1]``, which then never becomes a tensor of x's size.
+PROLOGUE_NONE = tl.constexpr(0)
+PROLOGUE_CHANNEL_SCALE = tl.constexpr(1)
+
+
+@triton.jit
+def operand_prologue(a, ps_ptr, ps_img, ps_chan, mask, PROLOGUE: tl.constexpr):
+    """Tile ``a`` of the A operand after its prologue. CHANNEL_SCALE: times the factors at
+    ``ps_ptr + ps_img + ps_chan`` (offsets of the image and of the channel, broadcast to ``a``'s shape),
+    multiplied in float32 and rounded back to ``a``'s dtype: what ``x * s`` in ``x``'s dtype gives."""
+    if PROLOGUE == PROLOGUE_CHANNEL_SCALE:
+        s = tl.load(ps_ptr + ps_img + ps_chan, mask=mask, other=0.0)
+        a = (a.to(tl.float32) * s.to(tl.float32)).to(a.dtype)
+    return a
+
+
+@triton.jit
+def load_operand(ptrs, mask, ps_ptr, ps_img, ps_chan, PROLOGUE: tl.constexpr):
+    """A masked load of an A tile (zeros outside ``mask``) and its :func:`operand_prologue`."""
+    a = tl.load(ptrs, mask=mask, other=0.0)
+    return operand_prologue(a, ps_ptr, ps_img, ps_chan, mask, PROLOGUE)
+
+
+@triton.jit
+def virtual_cat_pointers(
+    a_ptr, b_ptr, n_idx, ih, iw, c, c0, C_A, sa_n, sa_h, sa_w, sa_c, sb_n, sb_h, sb_w, sb_c, UP: tl.constexpr
+):
+    """Addresses of an A tile (rows at input pixels ``(n_idx, ih, iw)``, channels ``c`` of one block starting
+    at ``c0``) in the virtual input ``cat([upsample_nearest(a, UP), b], 1)``, which is never materialized:
+    channels below ``C_A`` are ``a``'s at ``(ih // UP, iw // UP)``, the rest ``b``'s at ``(ih, iw)``. A block
+    lies in one source when ``C_A`` is a multiple of the block (the launcher's condition)."""
+    n64 = n_idx.to(tl.int64)
+    if c0 < C_A:
+        rows = n64 * sa_n + (ih // UP).to(tl.int64) * sa_h + (iw // UP).to(tl.int64) * sa_w
+        ptrs = a_ptr + rows[:, None] + (c.to(tl.int64) * sa_c)[None, :]
+    else:
+        rows = n64 * sb_n + ih.to(tl.int64) * sb_h + iw.to(tl.int64) * sb_w
+        ptrs = b_ptr + rows[:, None] + ((c - C_A).to(tl.int64) * sb_c)[None, :]
+    return ptrs
 
 
 @triton.jit

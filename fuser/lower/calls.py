@@ -19,7 +19,8 @@ from fuser.lower.backends import conv_output_memory_format, resolve_backend
 from fuser.lower.conv_geometry import ConvGeometry
 from fuser.lower.references import conv2d_reference, gemm_reference
 
-Call = Callable[..., torch.Tensor]  # call(x, residual) or, for a call built with an ``out``, call(x, residual, out)
+# call(x, residual); a conv's call(x, residual, out=None, input_scale=None) (fuser.lower.calls.conv2d_call)
+Call = Callable[..., torch.Tensor]
 
 
 def _as_output(y: torch.Tensor, dtype: torch.dtype, memory_format: torch.memory_format) -> torch.Tensor:
@@ -38,14 +39,15 @@ def _pick(
     signature: Callable[[], tuple],
     x: torch.Tensor,
     residual: torch.Tensor | None,
-    out: torch.Tensor | None = None,
+    *extra: torch.Tensor | None,
 ) -> Call:
     """The call a resolved ``backend`` runs: the library where no kernel covers the call, under "measured"
-    whichever of the two path_choice finds faster for ``signature()``, otherwise the kernel."""
+    whichever of the two path_choice finds faster for ``signature()`` (timed on ``(x, residual, *extra)``),
+    otherwise the kernel."""
     if kernel is None:
         return library
     if backend == "measured":
-        args = (x, residual) if out is None else (x, residual, out)
+        args = (x, residual, *extra)
         chosen = path_choice.choose(signature(), lambda: kernel(*args), lambda: library(*args))
         return library if chosen == path_choice.LIBRARY else kernel
     return kernel
@@ -62,38 +64,57 @@ def conv2d_call(
     precision: Precision,
     backend: str,
     out: torch.Tensor | None = None,
+    input_scale: torch.Tensor | None = None,
+    cat_with: torch.Tensor | None = None,
+    upsample: int = 1,
 ) -> Call:
-    """``call(x, residual)`` computing ``fuser::conv2d_act`` for every call shaped like this one.
+    """``call(x, residual, out=None, input_scale=None, cat_with=None)`` computing ``fuser::conv2d_act`` for
+    every call shaped like this one.
 
     With an example ``out`` (a tensor of the output's shape, dtype and device, channels contiguous and
-    pixels as rows of one stride: a channel slice of a channels_last buffer) the call is
-    ``call(x, residual, out)`` and writes its result into ``out`` and returns it; an ``out`` that does not
-    fit is ignored (the call returns a new tensor), so a caller must use what the call returns. ``out``
-    must not overlap ``x`` or ``residual``."""
-    if out is not None and not _fits_output(out, x, weight, geometry):
-        fresh = conv2d_call(x, weight, bias, residual, packed_weight, geometry, epilogue, precision, backend)
-        return lambda x, residual, out=None: fresh(x, residual)
+    pixels as rows of one stride: a channel slice of a channels_last buffer) the call takes an ``out`` like
+    it and writes its result into ``out`` and returns it; an ``out`` that does not fit is ignored (the call
+    returns a new tensor), so a caller must use what the call returns. ``out`` must not overlap ``x`` or
+    ``residual``. With an example ``input_scale`` the call takes one like it and computes the conv of
+    ``x * input_scale`` (the kernels multiply as they load ``x``; see fuser.rewrite.input_scale). With an example
+    ``cat_with`` the conv's input is ``cat([upsample_nearest(x, upsample), cat_with], 1)``, which the
+    kernels read without materializing it (fuser.rewrite.virtual_cat)."""
+    if out is not None and not _fits_output(out, x if cat_with is None else cat_with, weight, geometry):
+        fresh = conv2d_call(
+            x, weight, bias, residual, packed_weight, geometry, epilogue, precision, backend, None, input_scale,
+            cat_with, upsample,
+        )  # fmt: skip
+        return lambda x, residual, out=None, input_scale=None, cat_with=None: fresh(
+            x, residual, None, input_scale, cat_with
+        )
     chosen = resolve_backend(backend, x.device)
     memory_format = conv_output_memory_format(x, backend)
 
-    def library(x: torch.Tensor, residual: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
-        y = conv2d_reference(x, weight, bias, residual, geometry, epilogue, precision)
+    def library(
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        out: torch.Tensor | None = None,
+        input_scale: torch.Tensor | None = None,
+        cat_with: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        y = conv2d_reference(x, weight, bias, residual, geometry, epilogue, precision, input_scale, cat_with, upsample)
         return _as_output(y, x.dtype, memory_format) if out is None else out.copy_(y)
 
     if chosen == "torch":
         return library
     kernel = kernel_dispatch.conv2d(
         x, weight, bias, residual, packed_weight, geometry, epilogue, precision, interpret=chosen == "interpret",
-        out=out,
+        out=out, input_scale=input_scale, cat_with=cat_with, upsample=upsample,
     )  # fmt: skip
-    extra = ("conv2d", geometry, epilogue, precision.value)
-    signature = lambda: path_choice.signature(x, weight, residual, extra=extra)
-    return _pick(chosen, kernel, library, signature, x, residual, out)
+    extra = ("conv2d", geometry, epilogue, precision.value) + (() if upsample == 1 else (upsample,))
+    optional = tuple(t for t in (input_scale, cat_with) if t is not None)
+    signature = lambda: path_choice.signature(x, weight, residual, *optional, extra=extra)
+    return _pick(chosen, kernel, library, signature, x, residual, out, input_scale, cat_with)
 
 
 def _fits_output(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, geometry: ConvGeometry) -> bool:
-    """Whether the conv of ``x`` can be written into ``out``: its shape, dtype and device, unit channel
-    stride and the pixels as rows of one stride (NHWC order)."""
+    """Whether the conv of an input of ``x``'s batch, size, dtype and device can be written into ``out``:
+    its shape, dtype and device, unit channel stride and the pixels as rows of one stride (NHWC order)."""
     if type(out) is not torch.Tensor or x.dim() != 4 or out.dtype != x.dtype or out.device != x.device:
         return False
     oh, ow = geometry.output_size(x.shape[2:], weight.shape[2:])

@@ -117,10 +117,13 @@ class _FusedBase(nn.Module):
     def _make_op_args(self) -> tuple:
         raise NotImplementedError
 
-    def _make_call(self, x: torch.Tensor, residual: torch.Tensor | None, out: torch.Tensor | None = None) -> Call:
+    def _make_call(self, x: torch.Tensor, residual: torch.Tensor | None, *conv_inputs: Any) -> Call:
+        """The call for inputs like these; ``conv_inputs`` (FusedConv2d only): out, input_scale, cat_with,
+        upsample."""
         raise NotImplementedError
 
-    def _reference(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    def _reference(self, x: torch.Tensor, residual: torch.Tensor | None, *conv_inputs: Any) -> torch.Tensor:
+        """Plain torch; ``conv_inputs`` (FusedConv2d only): input_scale, cat_with, upsample."""
         raise NotImplementedError
 
     def _refresh(self) -> None:
@@ -160,17 +163,33 @@ class _FusedBase(nn.Module):
         return (x, self.weight, self.bias, residual, self.packed, *self._op_args)
 
     def _eager(
-        self, x: torch.Tensor, residual: torch.Tensor | None, out: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        out: torch.Tensor | None = None,
+        input_scale: torch.Tensor | None = None,
+        cat_with: torch.Tensor | None = None,
+        upsample: int = 1,
     ) -> torch.Tensor | None:
         """The op run directly, without the custom op's dispatch, or None where the custom op must run.
-        ``out`` (FusedConv2d) is where the result may be stored; the returned tensor is the result."""
+        ``out`` (FusedConv2d) is where the result may be stored; the returned tensor is the result.
+        ``input_scale`` (FusedConv2d) multiplies the input first, ``cat_with`` and ``upsample`` make it
+        ``cat([upsample_nearest(x, upsample), cat_with], 1)``."""
         if is_decomposed():
-            return self._reference(x, residual)
+            return self._reference(x, residual, input_scale, cat_with, upsample)
         if type(x) is not torch.Tensor or torch.jit.is_tracing():
             return None
         if torch.is_grad_enabled() and x.requires_grad:
             return None  # the custom op's autograd formula says that fuser is for inference; a direct call would not
         if residual is not None and type(residual) is not torch.Tensor:
+            return None
+        if input_scale is not None and (
+            type(input_scale) is not torch.Tensor or (torch.is_grad_enabled() and input_scale.requires_grad)
+        ):
+            return None
+        if cat_with is not None and (
+            type(cat_with) is not torch.Tensor or (torch.is_grad_enabled() and cat_with.requires_grad)
+        ):
             return None
         if out is not None and type(out) is not torch.Tensor:
             out = None
@@ -184,6 +203,9 @@ class _FusedBase(nn.Module):
             x.data_ptr() % 16,
             None if residual is None else (residual.shape, residual.stride(), residual.dtype, residual.data_ptr() % 16),
             None if out is None else (out.shape, out.stride(), out.dtype, out.device, out.data_ptr() % 16),
+            None if input_scale is None else (input_scale.shape, input_scale.stride(), input_scale.dtype),
+            None if cat_with is None else (cat_with.shape, cat_with.stride(), cat_with.dtype, cat_with.data_ptr() % 16),
+            upsample,
             weight.data_ptr(),
             weight._version,
             None if bias is None else bias.data_ptr(),
@@ -194,12 +216,14 @@ class _FusedBase(nn.Module):
             if self.__dict__["_packed_from"] != (weight.data_ptr(), weight._version):
                 self._renew()  # the weight was replaced or written in place since it was packed
                 calls = self.__dict__["_calls"]
-            call = self._make_call(x, residual, out)
+            call = self._make_call(x, residual, out, input_scale, cat_with, upsample)
             # a choice made during CUDA-graph capture is provisional: not kept
             if not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
                 if len(calls) >= _MAX_CALLS:
                     calls.clear()
                 calls[key] = call
+        if input_scale is not None or cat_with is not None:
+            return call(x, residual, out, input_scale, cat_with)
         return call(x, residual) if out is None else call(x, residual, out)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -264,28 +288,58 @@ class FusedConv2d(_FusedBase):
     def _make_op_args(self) -> tuple:
         return ops.conv2d_op_args(self.geometry, self.epilogue, self.kernel_precision, self.backend)
 
-    def _make_call(self, x: torch.Tensor, residual: torch.Tensor | None, out: torch.Tensor | None = None) -> Call:
+    def _make_call(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        out: torch.Tensor | None = None,
+        input_scale: torch.Tensor | None = None,
+        cat_with: torch.Tensor | None = None,
+        upsample: int = 1,
+    ) -> Call:
         b = self._buffers
         return calls.conv2d_call(
             x, b["weight"], b["bias"], residual, b["packed"], self.geometry, self.epilogue, self.kernel_precision,
-            self.backend, out,
+            self.backend, out, input_scale, cat_with, upsample,
         )  # fmt: skip
 
-    def _reference(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-        return conv2d_reference(x, self.weight, self.bias, residual, self.geometry, self.epilogue)
+    def _reference(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        input_scale: torch.Tensor | None = None,
+        cat_with: torch.Tensor | None = None,
+        upsample: int = 1,
+    ) -> torch.Tensor:
+        return conv2d_reference(
+            x, self.weight, self.bias, residual, self.geometry, self.epilogue, Precision.IEEE, input_scale, cat_with,
+            upsample,
+        )  # fmt: skip
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None, out: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+        input_scale: torch.Tensor | None = None,
+        cat_with: torch.Tensor | None = None,
+        upsample: int = 1,
     ) -> torch.Tensor:
-        """The fused conv of ``x``. ``out`` (optional: a channel slice of a channels_last buffer, see
-        fuser.rewrite.cat_buffers) is where an eager call stores its result and what it then returns; under
-        torch.compile, exporters, tracers and for inputs that need gradients it is ignored and the result is
-        a new tensor, so a caller must use the returned tensor, never rely on ``out`` being written."""
+        """The fused conv of ``x``: of ``x * input_scale`` with an ``input_scale`` (fuser.rewrite.input_scale), of
+        ``cat([upsample_nearest(x, upsample), cat_with], 1)`` with a ``cat_with`` (fuser.rewrite.virtual_cat).
+        ``out`` (optional: a channel slice of a channels_last buffer, see fuser.rewrite.cat_buffers) is where an eager
+        call stores its result and what it then returns; under torch.compile, exporters, tracers and for
+        inputs that need gradients it is ignored and the result is a new tensor, so a caller must use the
+        returned tensor, never rely on ``out`` being written."""
         if not torch.compiler.is_compiling():
-            y = self._eager(x, residual, out)
+            y = self._eager(x, residual, out, input_scale, cat_with, upsample)
             if y is not None:
                 return y
-        return torch.ops.fuser.conv2d_act(x, self.weight, self.bias, residual, self.packed, *self._op_args)
+        if input_scale is None and cat_with is None:
+            return torch.ops.fuser.conv2d_act(x, self.weight, self.bias, residual, self.packed, *self._op_args)
+        return torch.ops.fuser.conv2d_act(
+            x, self.weight, self.bias, residual, self.packed, *self._op_args, input_scale, cat_with, upsample
+        )
 
     def extra_repr(self) -> str:
         c_out, c_in, kh, kw = self.weight.shape
@@ -320,13 +374,13 @@ class FusedLinear(_FusedBase):
     def _make_op_args(self) -> tuple:
         return ops.gemm_op_args(self.epilogue, self.kernel_precision, self.backend)
 
-    def _make_call(self, x: torch.Tensor, residual: torch.Tensor | None, out: torch.Tensor | None = None) -> Call:
+    def _make_call(self, x: torch.Tensor, residual: torch.Tensor | None, *_conv_only: Any) -> Call:
         b = self._buffers
         return calls.gemm_call(
             x, b["weight"], b["bias"], residual, b["packed"], self.epilogue, self.kernel_precision, self.backend
         )
 
-    def _reference(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    def _reference(self, x: torch.Tensor, residual: torch.Tensor | None, *_conv_only: Any) -> torch.Tensor:
         return gemm_reference(x, self.weight, self.bias, residual, self.epilogue)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:

@@ -82,9 +82,15 @@ def conv2d(
     *,
     interpret: bool,
     out: torch.Tensor | None = None,
+    input_scale: torch.Tensor | None = None,
+    cat_with: torch.Tensor | None = None,
+    upsample: int = 1,
 ) -> Call | None:
-    """``call(x, residual)`` running the kernel for every call shaped like this one, or None; with an
-    example ``out``, ``call(x, residual, out)`` storing into every ``out`` shaped and strided like it."""
+    """``call(x, residual, out=None, input_scale=None, cat_with=None)`` running the kernel for every call
+    shaped like this one, or None. With an example ``out`` it stores into every ``out`` shaped and strided
+    like it; with an example ``input_scale`` it computes the conv of ``x * input_scale`` for every
+    ``input_scale`` like it; with a ``cat_with``, the conv of ``cat([upsample_nearest(x, upsample),
+    cat_with], 1)`` without materializing it (see :func:`virtual_cat_applies`)."""
     from fuser import kernels
 
     groups = geometry.groups
@@ -93,7 +99,13 @@ def conv2d(
         return None
     if x.dtype not in KERNEL_DTYPES or weight.dtype not in KERNEL_DTYPES:
         return None
-    oh, ow = geometry.output_size(x.shape[2:], (kh, kw))
+    if input_scale is not None and not scale_prologue_applies(x, input_scale, weight, geometry, cat_with):
+        return None
+    if cat_with is not None and not virtual_cat_applies(x, cat_with, upsample, weight, geometry):
+        return None
+    if cat_with is None and upsample != 1:
+        return None
+    oh, ow = geometry.output_size((x if cat_with is None else cat_with).shape[2:], (kh, kw))
     if not _residual_fits(residual, (x.shape[0], c_out, oh, ow)):
         return None
     if packed is None:
@@ -112,10 +124,66 @@ def conv2d(
         residual=residual,
         out=out,
         interpret=interpret,
+        input_scale=input_scale,
+        cat_with=cat_with,
+        upsample=upsample,
     )
-    if out is not None:  # the plan stores with out's strides: it is only ever called with an out like it
-        return lambda x, residual, out: plan(x, packed, bias, residual, out)
-    return lambda x, residual: plan(x, packed, bias, residual)
+    # the plan uses the strides of out, input_scale and cat_with: it is only ever called with ones like them
+    return lambda x, residual, out=None, input_scale=None, cat_with=None: plan(
+        x, packed, bias, residual, out, input_scale, cat_with
+    )
+
+
+def virtual_cat_applies(
+    x: torch.Tensor, cat_with: torch.Tensor, upsample: int, weight: torch.Tensor, geometry: ConvGeometry
+) -> bool:
+    """Whether the implicit-GEMM kernel reads ``cat([upsample_nearest(x, upsample), cat_with], 1)`` itself:
+    two 4-D sources of one dtype and device that concatenate, ``x``'s channels a multiple of the smallest
+    channel block, an ungrouped conv on the tensor-core kernels. Elsewhere the reference concatenates."""
+    from fuser.kernels.conv import VIRTUAL_CAT_ALIGN
+    from fuser.kernels.conv_choice import conv_kernel
+
+    if type(cat_with) is not torch.Tensor or cat_with.dim() != 4 or x.dim() != 4 or type(upsample) is not int:
+        return False
+    if cat_with.dtype != x.dtype or cat_with.device != x.device or upsample < 1:
+        return False
+    n, c_a, h, w = x.shape
+    if (cat_with.shape[0], cat_with.shape[2], cat_with.shape[3]) != (n, h * upsample, w * upsample):
+        return False
+    c_out, c_in, kh, kw = weight.shape
+    kernel = conv_kernel(c_in, c_out, geometry.groups, (kh, kw), geometry.stride, geometry.padding)
+    return (
+        c_a % VIRTUAL_CAT_ALIGN == 0
+        and c_a + cat_with.shape[1] == c_in
+        and geometry.groups == 1
+        and kernel is not None
+        and kernel.tensor_cores
+    )
+
+
+def scale_prologue_applies(
+    x: torch.Tensor,
+    input_scale: torch.Tensor,
+    weight: torch.Tensor,
+    geometry: ConvGeometry,
+    cat_with: torch.Tensor | None = None,
+) -> bool:
+    """Whether a kernel computes ``conv(x * input_scale)`` itself: a scale of ``x``'s dtype and shape
+    ``[N or 1, C_in, 1, 1]`` (one factor per image and channel), and a kernel with the operand prologue
+    (every one but the RGB stem's direct conv). Elsewhere the reference multiplies first."""
+    from fuser.kernels.conv_choice import ConvKernel, conv_kernel
+
+    if type(input_scale) is not torch.Tensor or input_scale.dim() != 4 or input_scale.dtype != x.dtype:
+        return False
+    if input_scale.device != x.device:
+        return False
+    n, c_in = x.shape[0], x.shape[1] + (0 if cat_with is None else cat_with.shape[1])
+    if input_scale.shape[0] not in (1, n) or input_scale.shape[1] != c_in or input_scale.shape[2:] != (1, 1):
+        return False
+    c_out, _, kh, kw = weight.shape
+    groups = geometry.groups
+    kernel = conv_kernel(c_in, c_out, groups, (kh, kw), geometry.stride, geometry.padding)
+    return kernel is not None and kernel != ConvKernel.DIRECT
 
 
 def gemm(

@@ -98,24 +98,38 @@ def conv2d_act(
     round_tf32: bool,
     precision: str,
     backend: str,
+    input_scale: torch.Tensor | None = None,
+    cat_with: torch.Tensor | None = None,
+    upsample: int = 1,
 ) -> torch.Tensor:
     """``epilogue(conv2d(x, weight) + bias)``; padding is (top, bottom, left, right).
 
     ``packed_weight`` is ``weight`` packed for the kernels (fuser.kernels.pack_conv_weight), or None; the
-    reference path ignores it. Output layout: see :func:`fuser.lower.backends.conv_output_memory_format`.
+    reference path ignores it. ``input_scale`` (``[N or 1, C_in, 1, 1]``, optional, last so that calls
+    without it keep their form) makes it the conv of ``x * input_scale``, multiplied as the kernel loads
+    ``x`` (fuser.rewrite.input_scale). ``cat_with`` (optional) makes the input ``cat([upsample_nearest(x, upsample),
+    cat_with], 1)``, read by the kernels without being materialized (fuser.rewrite.virtual_cat). Output layout: see
+    :func:`fuser.lower.backends.conv_output_memory_format`.
     """
     geometry, epilogue, policy, backend = _conv2d_spec(
         stride, padding, dilation, groups, act, alpha, residual_mode, scale, round_tf32, precision, backend
     )
-    call = calls.conv2d_call(x, weight, bias, residual, packed_weight, geometry, epilogue, policy, backend)
-    return call(x, residual)
+    call = calls.conv2d_call(
+        x, weight, bias, residual, packed_weight, geometry, epilogue, policy, backend, None, input_scale, cat_with,
+        upsample,
+    )  # fmt: skip
+    return call(x, residual, None, input_scale, cat_with)
 
 
 @conv2d_act.register_fake
-def _conv2d_act_fake(x, weight, bias, residual, packed_weight, stride, padding, dilation, groups, *rest):
-    oh, ow = conv_output_size(x.shape[2:], weight.shape[2:], stride, padding, dilation)
+def _conv2d_act_fake(
+    x, weight, bias, residual, packed_weight, stride, padding, dilation, groups, act, alpha, residual_mode, scale,
+    round_tf32, precision, backend, input_scale=None, cat_with=None, upsample=1,
+):  # fmt: skip
+    spatial = x.shape[2:] if cat_with is None else cat_with.shape[2:]
+    oh, ow = conv_output_size(spatial, weight.shape[2:], stride, padding, dilation)
     out = x.new_empty((x.shape[0], weight.shape[0], oh, ow))
-    return out.contiguous(memory_format=conv_output_memory_format(x, rest[-1]))
+    return out.contiguous(memory_format=conv_output_memory_format(x, backend))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -171,11 +185,11 @@ def _inference_only_fake(grad, shape, op):
     return grad.new_empty(shape)
 
 
-def _register_inference_only(op: Any, name: str, tensor_inputs: int) -> None:
+def _register_inference_only(op: Any, name: str) -> None:
     """An autograd formula for ``op`` whose gradients all come from :func:`_inference_only`."""
 
     def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
-        ctx.shapes = [t.shape if isinstance(t, torch.Tensor) else None for t in inputs[:tensor_inputs]]
+        ctx.shapes = [t.shape if isinstance(t, torch.Tensor) else None for t in inputs]
 
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         grads: list[torch.Tensor | None] = [None] * len(ctx.needs_input_grad)
@@ -187,5 +201,5 @@ def _register_inference_only(op: Any, name: str, tensor_inputs: int) -> None:
     torch.library.register_autograd(op, backward, setup_context=setup_context)
 
 
-_register_inference_only(conv2d_act, "fuser::conv2d_act", 5)
-_register_inference_only(gemm_act, "fuser::gemm_act", 5)
+_register_inference_only(conv2d_act, "fuser::conv2d_act")
+_register_inference_only(gemm_act, "fuser::gemm_act")

@@ -30,8 +30,18 @@ def conv2d_reference(
     geometry: ConvGeometry,
     epilogue: Epilogue,
     precision: Precision = Precision.IEEE,
+    input_scale: torch.Tensor | None = None,
+    cat_with: torch.Tensor | None = None,
+    upsample: int = 1,
 ) -> torch.Tensor:
-    """``epilogue(conv2d(x, weight) + bias)`` in plain torch."""
+    """``epilogue(conv2d(x, weight) + bias)`` in plain torch. With a ``cat_with`` the conv's input is
+    ``cat([upsample_nearest(x, upsample), cat_with], 1)`` (the kernels' virtual input); with an
+    ``input_scale`` it is then multiplied by it (the channel-scale prologue, in ``x``'s dtype)."""
+    if cat_with is not None:
+        up = F.interpolate(x, scale_factor=upsample, mode="nearest") if upsample != 1 else x
+        x = torch.cat([up, cat_with], 1)
+    if input_scale is not None:
+        x = x * input_scale
     x_, w_ = _round_operands(precision, x, weight)
     top, bottom, left, right = geometry.padding
     stride, dilation, groups = geometry.stride, geometry.dilation, geometry.groups

@@ -8,7 +8,7 @@ is a float32 numpy matmul), so a CPU run of a fused model says nothing about the
 module does: within :func:`emulate_tf32` the convolutions and matrix products of a model run in float32
 on operands rounded as the GPU rounds them.
 
-- Inside a fused module (fuser.fused_modules) whose kernel runs a tensor-core dot under "tf32": the input
+- Inside a fused module (fuser.lower.fused_modules) whose kernel runs a tensor-core dot under "tf32": the input
   operand as ``fused_activations`` says ("truncate": what the kernels do; "nearest": what rounding every
   operand first would give), the weight scaled by its truncation compensation (``tf32_input_gain``,
   fuser.rewrite.tf32_rounding) and rounded to nearest, as packing stores it, and the output rounded to nearest
@@ -17,7 +17,7 @@ on operands rounded as the GPU rounds them.
   operands of every conv, linear and matmul rounded to nearest, except depthwise convs, which cuDNN runs
   on the FMA units in float32.
 
-The fused modules run their torch reference while it is active (fuser.backends.decomposed), so an
+The fused modules run their torch reference while it is active (fuser.lower.backends.decomposed), so an
 optimized model of any backend can be emulated.
 """
 

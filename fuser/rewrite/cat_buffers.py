@@ -139,7 +139,11 @@ class _Part:
 def _is_fused_conv(node: Any, modules: dict[str, Any]) -> bool:
     if not isinstance(node, fx.Node) or node.op != "call_module":
         return False
-    return isinstance(modules.get(str(node.target)), FusedConv2d) and len(node.args) in (1, 2) and not node.kwargs
+    virtual_input = set(node.kwargs) <= {
+        "cat_with",
+        "upsample",
+    }  # fuser.rewrite.virtual_cat: it may store into a slot too
+    return isinstance(modules.get(str(node.target)), FusedConv2d) and len(node.args) in (1, 2) and virtual_input
 
 
 def _split_pieces(node: fx.Node, channels: int) -> list[int] | None:
@@ -309,16 +313,15 @@ def _rewrite_one(
     g = conv.geometry
     graph = gm.graph
     with graph.inserting_before(first):
-        buf = graph.call_function(
-            cat_buffer,
-            (first.args[0], total, tuple(conv.weight.shape[2:]), g.stride, g.padding, g.dilation, conv.backend),
-        )
+        source_input = first.kwargs.get("cat_with", first.args[0])  # a virtual input has cat_with's size
+        geometry = (tuple(conv.weight.shape[2:]), g.stride, g.padding, g.dilation, conv.backend)
+        buf = graph.call_function(cat_buffer, (source_input, total, *geometry))
     slots = []
     for producer, offset in placed.items():
         channels = int(modules[str(producer.target)].weight.shape[0])
         with graph.inserting_before(producer):
             slot = graph.call_function(cat_slot, (buf, offset, channels))
-        producer.kwargs = {"out": slot}
+        producer.kwargs = {**producer.kwargs, "out": slot}
         claimed.add(producer)
         slots.append(f"{producer.target} -> [{offset}:{offset + channels}]")
     offsets, position = [], 0

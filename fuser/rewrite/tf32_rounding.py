@@ -52,7 +52,7 @@ _MOVING_FUNCTIONS: set[Any] = {
     torch.squeeze,
     torch.unsqueeze,
     operator.getitem,
-    cat_result,  # torch.cat(parts, 1) once fuser.cat_buffers has run
+    cat_result,  # torch.cat(parts, 1) once fuser.rewrite.cat_buffers has run
     *MAX_POOL_FUNCTIONS,
 }
 _MOVING_METHODS = {

@@ -13,12 +13,14 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from fuser.kernels import conv, gemm, splitk
+from fuser.kernels import channel_mean, conv, depthwise, gemm, splitk
 
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 pytestmark = pytest.mark.skipif(not PTXAS.exists(), reason=f"triton's bundled ptxas is not at {PTXAS}")
 
 EPILOGUE = {"HAS_BIAS": True, "ACT": 4, "RESIDUAL": 2, "HAS_SCALE": True}
+NO_PROLOGUE = {"PROLOGUE": 0}
+CHANNEL_SCALE = {"PROLOGUE": 1}  # tiles.PROLOGUE_CHANNEL_SCALE
 
 
 def compile_sm90(kernel: Any, pointers: dict[str, str], constexprs: dict[str, Any], warps: int = 4) -> Any:
@@ -40,26 +42,35 @@ def tile(block_m: int, block_n: int, block_k: int, split_k: int) -> dict[str, An
     return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8, "SPLIT_K": split_k}
 
 
+@pytest.mark.parametrize("prologue", [NO_PROLOGUE, CHANNEL_SCALE], ids=["plain", "channel_scale"])
 @pytest.mark.parametrize("split_k", [1, 2], ids=["whole", "split"])
-def test_gemm_descriptor_path_compiles(split_k: int) -> None:
+def test_gemm_descriptor_path_compiles(split_k: int, prologue: dict[str, int]) -> None:
     pointers = {
         "a_ref": "tensordesc<fp32[64, 32]>",
         "w_ref": "tensordesc<fp32[64, 32]>",
         "bias_ptr": "*fp32",
         "res_ptr": "*fp32",
         "c_ref": "tensordesc<fp32[64, 64]>" if split_k == 1 else "*fp32",  # split: the float32 workspace
+        "ps_ptr": "*fp32",
     }
-    constexprs = {**EPILOGUE, "DOT_PRECISION": "tf32", "UPCAST": False, "USE_DESC": True, **tile(64, 64, 32, split_k)}
+    constexprs = {**EPILOGUE, **prologue, "DOT_PRECISION": "tf32", "UPCAST": False, "USE_DESC": True,
+                  **tile(64, 64, 32, split_k)}  # fmt: skip
     compiled = compile_sm90(gemm._gemm_act_kernel, pointers, constexprs)
     assert "wgmma" in compiled.asm["ptx"] or "mma.sync" in compiled.asm["ptx"]
 
 
-@pytest.mark.parametrize(("flat_k", "split_k"), [(False, 4), (True, 1)], ids=["channel-blocks-split", "flat-k"])
-def test_conv_pointer_path_compiles(flat_k: bool, split_k: int) -> None:
-    pointers = {"x_ptr": "*bf16", "w_ref": "*bf16", "bias_ptr": "*fp32", "res_ptr": "*bf16"}
+@pytest.mark.parametrize(
+    ("flat_k", "split_k", "prologue", "virtual"),
+    [(False, 4, NO_PROLOGUE, False), (True, 1, NO_PROLOGUE, False), (False, 1, CHANNEL_SCALE, True),
+     (True, 2, CHANNEL_SCALE, False)],
+    ids=["channel-blocks-split", "flat-k", "virtual-cat-scaled", "flat-k-scaled-split"],
+)  # fmt: skip
+def test_conv_pointer_path_compiles(flat_k: bool, split_k: int, prologue: dict[str, int], virtual: bool) -> None:
+    pointers = {"x_ptr": "*bf16", "w_ref": "*bf16", "bias_ptr": "*fp32", "res_ptr": "*bf16", "ps_ptr": "*bf16"}
     pointers["out_ref"] = "*fp32" if split_k > 1 else "*bf16"
-    constexprs = {"KH": 3, "KW": 3, "FLAT_K": flat_k, **EPILOGUE, "DOT_PRECISION": "tf32", "UPCAST": False,
-                  "USE_DESC": False, **tile(64, 64, 32, split_k)}  # fmt: skip
+    pointers["x2_ptr"] = "*bf16"
+    constexprs = {"KH": 3, "KW": 3, "FLAT_K": flat_k, **EPILOGUE, **prologue, "VIRTUAL_CAT": virtual, "UP": 2,
+                  "DOT_PRECISION": "tf32", "UPCAST": False, "USE_DESC": False, **tile(64, 64, 32, split_k)}  # fmt: skip
     compiled = compile_sm90(conv._conv2d_act_kernel, pointers, constexprs)
     assert "wgmma" in compiled.asm["ptx"] or "mma.sync" in compiled.asm["ptx"]
 
@@ -68,3 +79,20 @@ def test_split_k_reduction_compiles() -> None:
     pointers = {"ws_ptr": "*fp32", "bias_ptr": "*fp32", "res_ptr": "*fp16", "out_ptr": "*fp16"}
     constexprs = {"SPLIT_K": 16, **EPILOGUE, "BLOCK_M": 32, "BLOCK_N": 64}
     assert compile_sm90(splitk._split_k_reduce_kernel, pointers, constexprs).asm["ptx"]
+
+
+@pytest.mark.parametrize("prologue", [NO_PROLOGUE, CHANNEL_SCALE], ids=["plain", "channel_scale"])
+def test_depthwise_compiles(prologue: dict[str, int]) -> None:
+    pointers = {"x_ptr": "*fp16", "w_ptr": "*fp16", "bias_ptr": "*fp32", "res_ptr": "*fp16", "out_ptr": "*fp16"}
+    pointers["ps_ptr"] = "*fp16"
+    constexprs = {"KH": 3, "KW": 3, **EPILOGUE, **prologue, "BLOCK_M": 64, "BLOCK_N": 32}
+    assert compile_sm90(depthwise._depthwise_act_kernel, pointers, constexprs).asm["ptx"]
+
+
+@pytest.mark.parametrize("final", [True, False], ids=["one-split", "partial-sums"])
+def test_channel_mean_compiles(final: bool) -> None:
+    pointers = {"x_ptr": "*fp16", "dst_ptr": "*fp16" if final else "*fp32"}
+    constexprs = {"FINAL": final, "BLOCK_P": 32, "BLOCK_C": 64}
+    assert compile_sm90(channel_mean._channel_sum_kernel, pointers, constexprs).asm["ptx"]
+    pointers = {"part_ptr": "*fp32", "out_ptr": "*fp16"}
+    assert compile_sm90(channel_mean._add_splits_kernel, pointers, {"BLOCK_C": 64}).asm["ptx"]

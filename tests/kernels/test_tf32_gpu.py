@@ -15,7 +15,7 @@ import fuser
 from fuser import models
 from fuser.kernels import Activation, Epilogue, Residual, conv2d_act, gemm_act, pack_conv_weight, pack_gemm_weight
 from fuser.kernels.precision import Precision, round_to_tf32
-from fuser.precision import torch_precision
+from fuser.runtime.torch_precision import torch_precision
 
 
 def assert_rounded(rounded: torch.Tensor, plain: torch.Tensor) -> None:

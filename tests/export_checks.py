@@ -1,0 +1,46 @@
+"""What the export and compile tests of the fusions between convs share: an exported file run in onnxruntime
+(one thread, CPU), and a module compiled by torch.compile with dynamo's counters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+
+
+def exported_standard(path: str | Path) -> onnx.ModelProto:
+    """The exported model, checked, after asserting that it uses standard ONNX ops only (no custom domain)."""
+    model = onnx.load(str(path))
+    onnx.checker.check_model(model)
+    custom = {n.domain for n in model.graph.node if n.domain and n.domain != "ai.onnx"}
+    assert not custom, f"non-standard ONNX domains in the export: {custom}"
+    return model
+
+
+def run_onnxruntime(path: str | Path, *inputs: torch.Tensor) -> list[torch.Tensor]:
+    """The outputs of the ONNX file at ``path`` for ``inputs`` (fed in the graph's input order)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    feeds = {name: t.numpy() for name, t in zip(names, inputs, strict=True)}
+    return [torch.from_numpy(np.asarray(o)) for o in session.run(None, feeds)]
+
+
+def compile_once(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``torch.compile(module)(x)`` (eager backend), called twice, after asserting one frame and no graph break."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    counter = CompileCounterWithBackend("eager")
+    compiled = torch.compile(module, backend=counter)
+    with torch.no_grad():
+        compiled(x)
+        out = compiled(x)
+    assert counter.frame_count == 1 and not counters["graph_break"], dict(counters["graph_break"])
+    return out
