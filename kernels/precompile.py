@@ -25,7 +25,8 @@ the cores. Why processes started by :class:`Workers` rather than a ``multiproces
 
 A variant a worker fails to compile is named in a warning (kernel, constexprs, warps, stages) and
 compiled in this process instead; where that fails too, its launch raises Triton's error as it would have
-without this module. ``FUSER_COMPILE_WORKERS`` sets the number of workers (0: compile nothing ahead).
+without this module. ``FUSER_COMPILE_WORKERS`` sets the number of workers (``auto``: one per core; the
+default 0 compiles nothing ahead, see :func:`default_workers`).
 
 Without a GPU, :func:`collecting` with ``simulate="sm90"`` lists the variants a model would need on that
 architecture from an interpreter run (fuser.kernels.launch.simulating): how the specializations were
@@ -254,13 +255,19 @@ def compile_one(variant: Variant) -> float:
 
 
 def default_workers() -> int:
-    """``FUSER_COMPILE_WORKERS`` if set, else one per CPU core this process may use (at most 32)."""
-    env = os.environ.get(WORKERS_ENV, "")
-    if env:
+    """``FUSER_COMPILE_WORKERS`` if set (``auto``: one per CPU core this process may use, at most 32), else 0.
+
+    Off by default: on the H200 machine (triton 3.6) about half the variants the workers compiled were
+    not found again by the JIT's own lookup (a key that differs there; on triton 3.9 every one is found),
+    and cold optimize() was no faster on two of the three models measured (kernels/NOTES.md)."""
+    env = os.environ.get(WORKERS_ENV, "0")
+    if env != "auto":
         try:
             return max(0, int(env))
         except ValueError:
-            raise ValueError(f"{WORKERS_ENV} must be a whole number of worker processes, got {env!r}") from None
+            raise ValueError(
+                f"{WORKERS_ENV} must be a whole number of worker processes or 'auto', got {env!r}"
+            ) from None
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
