@@ -44,8 +44,16 @@ def test_compiled_conv_stores_tf32_rounded(case: ConvCase) -> None:
     x, w, b, residual = (None if t is None else t.cuda() for t in conv_inputs(case, SILU_ADD))
     packed = pack_conv_weight(w, "tf32", groups=case.groups)
     rounded, plain = (
-        conv2d_act(x, packed, b, stride=case.stride, padding=case.padding, dilation=case.dilation,
-                   epilogue=replace(SILU_ADD, round_tf32=r), residual=residual)  # fmt: skip
+        conv2d_act(
+            x,
+            packed,
+            b,
+            stride=case.stride,
+            padding=case.padding,
+            dilation=case.dilation,
+            epilogue=replace(SILU_ADD, round_tf32=r),
+            residual=residual,
+        )
         for r in (True, False)
     )
     assert_rounded(rounded, plain)
