@@ -429,7 +429,8 @@ def _plan_conv(
         )
     tensors = {"x": x, "weight": weight.data, "bias": bias, "residual": residual, "out": out}
     device = check_device(op, interpret, {**tensors, "input_scale": input_scale, "cat_with": cat_with})
-    scale_rows = lambda t: check_input_scale(op, t, n, c_in, x.dtype)
+    x_dtype = x.dtype  # the plan keeps no tensor of the call it was made for (a CUDA-graph pool's, say)
+    scale_rows = lambda t: check_input_scale(op, t, n, c_in, x_dtype)
     scale2 = scale_rows(input_scale)
     bias32 = check_bias(op, bias, c_out)
     convert_bias = bias32 is not None and bias32 is not bias

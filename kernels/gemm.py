@@ -367,7 +367,8 @@ def _plan_gemm(
     tensors = {"a": a, "weight": weight.data, "bias": bias, "residual": residual, "out": out}
     device = check_device(op, interpret, {**tensors, "input_scale": input_scale})
     batch = a.shape[0] if a.dim() == 3 else 1
-    scale_rows = lambda t: check_input_scale(op, t, batch, k, a.dtype, "a")
+    a_dtype = a.dtype  # the plan keeps no tensor of the call it was made for (a CUDA-graph pool's, say)
+    scale_rows = lambda t: check_input_scale(op, t, batch, k, a_dtype, "a")
     scale2 = scale_rows(input_scale)
     bias32 = check_bias(op, bias, n)
     convert_bias = bias32 is not None and bias32 is not bias
@@ -376,7 +377,8 @@ def _plan_gemm(
     res = check_residual(op, epilogue, residual, out_shape)
     example = torch.empty(out_shape, dtype=dtype, device=device) if out is None else out
     out_rows = check_out(op, example, out_shape, dtype, device, len(out_shape) - 1)
-    rows = lambda t: t.as_strided(out_rows.shape, out_rows.stride())
+    rows_shape, rows_stride = tuple(out_rows.shape), out_rows.stride()
+    rows = lambda t: t.as_strided(rows_shape, rows_stride)
     if example.numel() == 0:
         return lambda a, w, bias, residual, out=None, input_scale=None: (
             torch.empty(out_shape, dtype=dtype, device=device) if out is None else out

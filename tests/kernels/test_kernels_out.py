@@ -111,3 +111,23 @@ def test_out_errors() -> None:
         gemm_act(
             torch.randn(7, 5), pack_gemm_weight(torch.randn(3, 5), "ieee"), out=torch.empty(3, 7).t(), interpret=True
         )
+
+
+def test_plans_keep_no_tensor_of_the_call_they_were_made_for() -> None:
+    """A plan made inside a CUDA-graph recording (torch.compile's reduce-overhead mode) must not keep the
+    example's tensors alive: the recording refuses live allocations it does not own."""
+    import gc
+    import weakref
+
+    from fuser.kernels import conv2d_act, gemm_act, pack_conv_weight, pack_gemm_weight
+
+    x = torch.randn(2, 19, 9, 7).contiguous(memory_format=torch.channels_last)
+    s = torch.rand(2, 19, 1, 1)
+    conv = pack_conv_weight(torch.randn(13, 19, 1, 1), "ieee")
+    a, sa = torch.randn(2, 5, 19), torch.rand(2, 19)
+    gemm = pack_gemm_weight(torch.randn(11, 19), "ieee")
+    outs = [conv2d_act(x, conv, interpret=True, input_scale=s), gemm_act(a, gemm, interpret=True, input_scale=sa)]
+    refs = [weakref.ref(t) for t in (x, s, a, sa, *outs)]
+    del x, s, a, sa, outs
+    gc.collect()
+    assert [r() is None for r in refs] == [True] * len(refs)
