@@ -96,3 +96,14 @@ def test_channel_mean_compiles(final: bool) -> None:
     assert compile_sm90(channel_mean._channel_sum_kernel, pointers, constexprs).asm["ptx"]
     pointers = {"part_ptr": "*fp32", "out_ptr": "*fp16"}
     assert compile_sm90(channel_mean._add_splits_kernel, pointers, {"BLOCK_C": 64}).asm["ptx"]
+
+
+def test_pool_pyramid_compiles_with_its_window_rows_as_a_loop() -> None:
+    """SPPF's kernel (radii 0, 2, 4, 6): rows of the 13x13 window are a runtime loop, so the compiled
+    kernel holds one unrolled row of taps, not all 169."""
+    from fuser.kernels import pool
+
+    radii = {"R0": 0, "R1": 2, "R2": 4, "R3": 6, "R_MAX": 6, "SLICES": 4, "BLOCK_M": 16, "BLOCK_C": 32}
+    compiled = compile_sm90(pool._max_pool_pyramid_kernel, {"x_ptr": "*fp32", "out_ptr": "*fp32"}, radii)
+    ptx = compiled.asm["ptx"]
+    assert ptx.count("ld.global") < 13 * 13, "the window's rows were unrolled"
