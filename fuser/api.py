@@ -27,6 +27,7 @@ from fuser.kernels.precision import Precision
 from fuser.lower import ops
 from fuser.match.chain import Chain
 from fuser.match.matcher import find_chains
+from fuser.match.patterns import FUSED_LINEAR
 from fuser.report import ChainReport, FusionReport
 from fuser.rewrite.cat_buffers import eliminate_cats
 from fuser.rewrite.chains import rewrite_chains
@@ -150,8 +151,8 @@ def optimize(
         for t in inputs:
             if isinstance(t, torch.Tensor):
                 ops.resolve_backend(backend, t.device)  # a backend that cannot run where the inputs are: say so now
-    # On CUDA the kernels compile ahead in worker processes (fuser.kernels.precompile), which start
-    # importing now, so that they are ready when the graph passes are done.
+    # With FUSER_COMPILE_WORKERS set, the kernels compile ahead in worker processes on CUDA
+    # (fuser.kernels.precompile), which start importing now, so that they are ready when the passes are done.
     ahead = precompile.Ahead(inputs is not None and _on_cuda(inputs) and backend in ("auto", "triton") and not tune)
     working = _working_copy(model, inplace)
     root, report = _run_pipeline(working, inputs, policy, backend, rewrite=True)
@@ -306,7 +307,7 @@ def _kernel_for(chain: Chain, gm: fx.GraphModule) -> str:
         from fuser.lower import kernel_dispatch
     except ImportError:  # no triton on this machine: the reference runs everywhere
         return "torch reference"
-    if chain.infos[0].kind == "linear":
+    if chain.pattern.builds is FUSED_LINEAR:
         return kernel_dispatch.kernel_name("gemm")
     args = bind(chain.head, CONV_ARGS, CONV_DEFAULTS)
     weight = constant_tensor(gm, args["weight"])
