@@ -22,6 +22,7 @@ from torch import nn
 from fuser.graph_ops import unused_name
 from fuser.lower.backends import KERNEL_DTYPES, check_backend, is_decomposed, resolve_backend
 from fuser.report import GraphRewrite
+from fuser.rewrite.node_pass import candidates, finish
 
 DESCRIPTION = "mean over H, W: one NHWC reduction kernel (split over pixels)"
 _SPATIAL_DIMS = ({2, 3}, {-2, -1}, {2, -1}, {-2, 3})
@@ -124,13 +125,8 @@ def read_mean(node: fx.Node, modules: dict[str, nn.Module]) -> tuple[fx.Node, Me
 def fuse_channel_means(gm: fx.GraphModule, backend: str = "auto") -> list[GraphRewrite]:
     """Make every spatial mean of ``gm`` a :class:`FusedChannelMean` call. Returns what was rewritten
     (empty: ``gm`` is unchanged)."""
-    modules = dict(gm.named_modules())
     found: list[GraphRewrite] = []
-    for node in list(gm.graph.nodes):
-        read = read_mean(node, modules)
-        if read is None:
-            continue
-        x, form = read
+    for node, (x, form) in candidates(gm, read_mean):
         source = str(node.meta.get("source_module") or node.name)
         name = unused_name(gm, "fused_channel_mean")
         gm.add_submodule(name, FusedChannelMean(form, backend, source))
@@ -140,8 +136,5 @@ def fuse_channel_means(gm: fx.GraphModule, backend: str = "auto") -> list[GraphR
         node.replace_all_uses_with(fused)
         gm.graph.erase_node(node)
         found.append(GraphRewrite("channel_mean", source, DESCRIPTION, [node.name]))
-    if found:
-        gm.delete_all_unused_submodules()
-        gm.graph.lint()
-        gm.recompile()
+    finish(gm, bool(found))
     return found

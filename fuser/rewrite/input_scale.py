@@ -25,6 +25,7 @@ from fuser.graph_ops import MUL_TARGETS
 from fuser.kernels.conv_choice import ConvKernel, conv_kernel
 from fuser.lower.fused_modules import FusedConv2d
 from fuser.report import GraphRewrite
+from fuser.rewrite.node_pass import candidates, finish
 
 DESCRIPTION = "conv(x * s), s [N, C, 1, 1] multiplied as the conv loads x"
 
@@ -105,22 +106,13 @@ def fold_input_scales(gm: fx.GraphModule) -> list[GraphRewrite]:
     """Fold every qualifying ``x * s`` into the fused conv that reads it (see the module docstring).
     Returns what was folded (kind ``input_scale``) and the near misses (``input_scale_kept``, nothing
     eliminated); ``gm`` is changed only where something was folded."""
-    modules = dict(gm.named_modules())
     found: list[GraphRewrite] = []
-    changed = False
-    for node in list(gm.graph.nodes):
-        result = _fold_one(node, modules)
-        if result is None:
-            continue
-        mul, reason = result
+    for _, (mul, reason) in candidates(gm, _fold_one):
         source = str(mul.meta.get("source_module") or mul.name)
         if reason is not None:
             found.append(GraphRewrite("input_scale_kept", source, f"{mul.name} kept: {reason}", []))
             continue
         gm.graph.erase_node(mul)
-        changed = True
         found.append(GraphRewrite("input_scale", source, DESCRIPTION, [mul.name]))
-    if changed:
-        gm.graph.lint()
-        gm.recompile()
+    finish(gm, any(r.eliminated for r in found))
     return found

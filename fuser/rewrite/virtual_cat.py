@@ -29,6 +29,7 @@ from fuser.kernels.conv import VIRTUAL_CAT_ALIGN
 from fuser.kernels.conv_choice import conv_kernel
 from fuser.lower.fused_modules import FusedConv2d
 from fuser.report import GraphRewrite
+from fuser.rewrite.node_pass import candidates, finish
 
 FACTOR = 2  # powers of two only: nearest's source index floor(dst / factor) is then exact in float
 DESCRIPTION = "conv(cat([upsample_nearest(a, 2), b])): the conv reads a and b, nothing materialized"
@@ -104,12 +105,8 @@ def fuse_virtual_cats(gm: fx.GraphModule) -> list[GraphRewrite]:
     """Make every qualifying ``conv(cat([upsample_nearest(a, 2), b], 1))`` read ``a`` and ``b`` directly.
     Returns what was rewritten (kind ``virtual_cat``) and the near misses (``virtual_cat_kept``, nothing
     eliminated); ``gm`` is changed only where something was rewritten."""
-    modules = dict(gm.named_modules())
     found: list[GraphRewrite] = []
-    for node in list(gm.graph.nodes):
-        match = _match(node, modules)
-        if match is None:
-            continue
+    for node, match in candidates(gm, _match):
         cat = node.args[0]
         assert isinstance(cat, fx.Node)
         source = str(cat.meta.get("source_module") or cat.name)
@@ -122,8 +119,5 @@ def fuse_virtual_cats(gm: fx.GraphModule) -> list[GraphRewrite]:
         gm.graph.erase_node(cat)
         gm.graph.erase_node(up)
         found.append(GraphRewrite("virtual_cat", source, DESCRIPTION, [up.name, cat.name]))
-    if any(r.eliminated for r in found):
-        gm.delete_all_unused_submodules()
-        gm.graph.lint()
-        gm.recompile()
+    finish(gm, any(r.eliminated for r in found))
     return found

@@ -1,0 +1,33 @@
+"""What the per-node rewrite passes share: walking the graph with one table of its modules, and finishing.
+
+A pass (channel_mean, input_scale, virtual_cat) is a reader ``read(node, modules)`` that says what a node
+offers (None: nothing) and a body that rewrites it; :func:`candidates` walks the nodes and :func:`finish`
+drops what the rewrite left unused and keeps ``graph.lint()`` clean, only where something changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import torch.fx as fx
+
+T = TypeVar("T")
+
+
+def candidates(gm: fx.GraphModule, read: Callable[[fx.Node, dict[str, Any]], T | None]) -> Iterator[tuple[fx.Node, T]]:
+    """``(node, read(node, modules))`` for every node of ``gm`` (a snapshot: the body may erase nodes)
+    whose reading is not None; ``modules`` is ``gm``'s submodule table, read once."""
+    modules = dict(gm.named_modules())
+    for node in list(gm.graph.nodes):
+        found = read(node, modules)
+        if found is not None:
+            yield node, found
+
+
+def finish(gm: fx.GraphModule, changed: bool) -> None:
+    """After a pass: where it changed ``gm``, drop the submodules nothing calls, lint and recompile."""
+    if changed:
+        gm.delete_all_unused_submodules()
+        gm.graph.lint()
+        gm.recompile()
