@@ -21,7 +21,7 @@ from torch import nn
 
 from fuser.canonicalize import canonicalize
 from fuser.capture.tracing import Capture, CapturedGraph, UntracedModule, capture, install, propagate_shapes
-from fuser.graph_ops import CONV_ARGS, CONV_DEFAULTS, bind, constant_tensor
+from fuser.graph_ops import bind, constant_tensor
 from fuser.kernels import autotune, precompile
 from fuser.kernels.precision import Precision
 from fuser.lower import ops
@@ -307,9 +307,10 @@ def _kernel_for(chain: Chain, gm: fx.GraphModule) -> str:
         from fuser.lower import kernel_dispatch
     except ImportError:  # no triton on this machine: the reference runs everywhere
         return "torch reference"
-    if chain.pattern.builds is FUSED_LINEAR:
+    builds = chain.pattern.builds
+    if builds is FUSED_LINEAR:
         return kernel_dispatch.kernel_name("gemm")
-    args = bind(chain.head, CONV_ARGS, CONV_DEFAULTS)
+    args = bind(chain.head, builds.args, builds.defaults)
     weight = constant_tensor(gm, args["weight"])
     groups = int(args["groups"])
     stride = args["stride"] if isinstance(args["stride"], (tuple, list)) else (args["stride"],) * 2
