@@ -277,7 +277,7 @@ def conv2d_tile_candidates(
     c_in_g, elem = c_in // groups, weight.data.element_size()
     kernel = conv_kernel(c_in, c_out, groups, (kh, kw), stride, padding)
     if kernel == ConvKernel.DEPTHWISE:
-        return depthwise_candidates(c_out)
+        return depthwise_candidates(c_out, n * oh * ow)
     if kernel == ConvKernel.DIRECT:
         return direct_candidates(c_out // groups)
     if kernel == ConvKernel.GEMM_1X1:

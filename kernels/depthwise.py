@@ -18,6 +18,7 @@ import triton.language as tl
 from .autotune import Problem, TileConfig
 from .epilogue import Epilogue
 from .launch import KernelCall, alignment_unit, cdiv, choose_tile
+from .splitk import SM_COUNT
 from .tiles import (
     PROLOGUE_CHANNEL_SCALE,
     PROLOGUE_NONE,
@@ -27,6 +28,21 @@ from .tiles import (
     row_offsets,
     store_tile,
 )
+
+
+@triton.jit
+def _tap(acc, x_rows, c_off, ih0, iw0, kh, kw, m_ok, c_ok, offs_c, w_ptr, ps_ptr, ps_img, ps_chan,
+         H, W, C, sx_h, sx_w, dil_h, dil_w, KW: tl.constexpr, PROLOGUE: tl.constexpr):  # fmt: skip
+    """``acc`` plus filter tap ``(kh, kw)``'s products: the input pixel each output row reads through that
+    tap (zero outside the image: the padding), times the tap's weight per channel."""
+    ih = ih0 + kh * dil_h
+    iw = iw0 + kw * dil_w
+    ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+    w = tl.load(w_ptr + (kh * KW + kw) * C + offs_c, mask=c_ok, other=0.0)
+    x_ptrs = (x_rows + ih.to(tl.int64) * sx_h + iw.to(tl.int64) * sx_w)[:, None] + c_off[None, :]
+    x = load_operand(x_ptrs, ok[:, None] & c_ok[None, :], ps_ptr, ps_img, ps_chan, PROLOGUE)
+    # Round the activation to the weights' (operand) dtype first, as the GEMM kernels do.
+    return acc + x.to(w.dtype).to(tl.float32) * w.to(tl.float32)[None, :]
 
 
 # Image sizes and the conv geometry vary per layer: not specialized, so layers that differ only in them share
@@ -83,6 +99,7 @@ def _depthwise_act_kernel(
     ROUND_TF32: tl.constexpr,
     PROLOGUE: tl.constexpr,
     VEC: tl.constexpr,
+    UNROLL_TAPS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -107,18 +124,18 @@ def _depthwise_act_kernel(
     ps_chan = (offs_c.to(tl.int64) * sps_c)[None, :]
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kh in tl.static_range(KH):
-        ih = ih0 + kh * dil_h
-        h_ok = m_ok & (ih >= 0) & (ih < H)
-        for kw in tl.static_range(KW):
-            iw = iw0 + kw * dil_w
-            ok = h_ok & (iw >= 0) & (iw < W)
-            pix = ih.to(tl.int64) * sx_h + iw.to(tl.int64) * sx_w
-            w = tl.load(w_ptr + (kh * KW + kw) * C + offs_c, mask=c_ok, other=0.0)
-            x_ptrs = x_rows[:, None] + pix[:, None] + c_off[None, :]
-            x = load_operand(x_ptrs, ok[:, None] & c_ok[None, :], ps_ptr, ps_img, ps_chan, PROLOGUE)
-            # Round the activation to the weights' (operand) dtype first, as the GEMM kernels do.
-            acc += x.to(w.dtype).to(tl.float32) * w.to(tl.float32)[None, :]
+    if UNROLL_TAPS:
+        for kh in tl.static_range(KH):
+            for kw in tl.static_range(KW):
+                acc = _tap(acc, x_rows, c_off, ih0, iw0, kh, kw, m_ok, c_ok, offs_c, w_ptr, ps_ptr, ps_img,
+                           ps_chan, H, W, C, sx_h, sx_w, dil_h, dil_w, KW, PROLOGUE)  # fmt: skip
+    else:
+        # Filter rows as a runtime loop: the fully unrolled 5x5 issues all 25 taps' loads at once and
+        # spills (255 registers per thread on sm90), and compiles 5-7x longer.
+        for kh in range(KH):
+            for kw in tl.static_range(KW):
+                acc = _tap(acc, x_rows, c_off, ih0, iw0, kh, kw, m_ok, c_ok, offs_c, w_ptr, ps_ptr, ps_img,
+                           ps_chan, H, W, C, sx_h, sx_w, dil_h, dil_w, KW, PROLOGUE)  # fmt: skip
 
     res_rows = row_offsets(n_idx, oh, ow, sr_n, sr_h, sr_w)
     y = epilogue_tile(acc, offs_c, c_ok, m_ok, bias_ptr, res_ptr, res_rows, sr_c, alpha, scale,
@@ -128,16 +145,22 @@ def _depthwise_act_kernel(
 
 INTERPRET_CONFIG = TileConfig(128, 32, 1, 1, 4, 1)
 
+# Filters with more taps than this walk their rows in a runtime loop (UNROLL_TAPS off): see the kernel.
+UNROLL_MAX_TAPS = 9
 
-def depthwise_candidates(channels: int) -> list[TileConfig]:
-    """Tiles of (pixels, channels) worth measuring (first = default)."""
-    bc = min(64, max(16, triton.next_power_of_2(channels)))
-    return [
-        TileConfig(64, bc, 1, 1, 4, 1),
-        TileConfig(128, bc, 1, 1, 4, 1),
-        TileConfig(32, 2 * bc, 1, 1, 4, 1),
-        TileConfig(128, 2 * bc, 1, 1, 8, 1),
-    ]
+
+def depthwise_candidates(channels: int, rows: int) -> list[TileConfig]:
+    """Tiles of (pixels, channels) worth measuring; the first is the default.
+
+    All three hold 2048 outputs over 4 warps: on the H200 they were the fastest on each of 42 depthwise
+    layers of EfficientNet-B0 and MobileNetV3-Large at batch 1 (fp32) and 32 (fp16), and larger tiles ran
+    1.5-10x slower (register spills, idle SMs; benchmarks/results/depthwise-sweep-2026-12-01.json).
+    64x32 when it gives two waves of programs over the SMs, else 16x64, which makes four times as many:
+    over those layers that pick was within 1% of the best of the three.
+    """
+    wide, narrow = TileConfig(64, 32, 1, 1, 4, 1), TileConfig(16, 64, 1, 1, 4, 1)
+    first = [wide, narrow] if cdiv(rows, 64) * cdiv(channels, 32) >= 2 * SM_COUNT else [narrow, wide]
+    return [*first, TileConfig(32, 64, 1, 1, 4, 1)]
 
 
 def prepare_depthwise(
@@ -186,6 +209,7 @@ def prepare_depthwise(
         "ROUND_TF32": epilogue.round_tf32,
         "PROLOGUE": int(PROLOGUE_NONE if scale2 is None else PROLOGUE_CHANNEL_SCALE),
         "VEC": vec,
+        "UNROLL_TAPS": kernel_size[0] * kernel_size[1] <= UNROLL_MAX_TAPS,
     }
     call = KernelCall(_depthwise_act_kernel, scalars, constexprs, interpret)
 
@@ -209,7 +233,7 @@ def prepare_depthwise(
     config = choose_tile(
         "depthwise_act",
         key,
-        depthwise_candidates(c),
+        depthwise_candidates(c, m),
         lambda cfg: runner(cfg)(x, w, bias32, res4, out, scale2),
         interpret=interpret,
         interpret_config=INTERPRET_CONFIG,
