@@ -80,6 +80,24 @@ def rule_inactive_dropout(node: fx.Node, ctx: Context) -> bool:
     return _drops_nothing(p, training) and _bypass(node, args.get("input"))
 
 
+def _is_stochastic_depth(target: Any) -> bool:
+    """torchvision.ops.stochastic_depth, recognized without importing torchvision (torchvision marks it
+    ``torch.fx.wrap``, so a traced graph calls it as a leaf function)."""
+    return getattr(target, "__name__", None) == "stochastic_depth" and str(
+        getattr(target, "__module__", "")
+    ).startswith("torchvision.ops")
+
+
+def rule_inactive_stochastic_depth(node: fx.Node, ctx: Context) -> bool:
+    """torchvision's ``stochastic_depth(x, p, mode, training=False)`` (or ``p=0``) is ``x``: in eval mode
+    the residual branch of EfficientNet's MBConv reaches its ``+ x`` through it, which kept the add out of
+    the projection conv's epilogue."""
+    if node.op != "call_function" or not _is_stochastic_depth(node.target):
+        return False
+    args = bind(node, ("input", "p", "mode", "training"), {"training": True})
+    return _drops_nothing(args.get("p"), args.get("training")) and _bypass(node, args.get("input"))
+
+
 def _is_method(node: Any, names: tuple[str, ...]) -> bool:
     return isinstance(node, fx.Node) and node.op == "call_method" and node.target in names
 
@@ -197,6 +215,11 @@ def _erase_dead(*nodes: Any) -> None:
 RULES: list[Rule] = [
     Rule("identity", "nn.Identity()(x) -> x", rule_identity_module),
     Rule("inactive_dropout", "eval-mode dropout, dropout(training=False) or p=0 -> x", rule_inactive_dropout),
+    Rule(
+        "inactive_stochastic_depth",
+        "torchvision stochastic_depth(training=False) or p=0 -> x",
+        rule_inactive_stochastic_depth,
+    ),
     Rule("flattened_linear", "linear(x.view(-1, K)).view(x.size()[:-1] + (N,)) -> linear(x)", rule_flattened_linear),
     Rule(
         "batchnorm_over_flattened_tokens",

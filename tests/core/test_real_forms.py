@@ -340,6 +340,38 @@ def test_inactive_dropouts_and_identity_vanish():
     assert fused_ops(opt) == [["linear", "relu", "scale"]], str(opt.fusion_report)
 
 
+def stochastic_depth(input: torch.Tensor, p: float, mode: str, training: bool = True) -> torch.Tensor:
+    """torchvision.ops.stochastic_depth as torchvision writes it (a leaf for torch.fx, named as its module)."""
+    if not training or p == 0.0:
+        return input
+    size = [input.shape[0]] + [1] * (input.ndim - 1) if mode == "row" else [1] * input.ndim
+    noise = torch.empty(size, dtype=input.dtype, device=input.device).bernoulli_(1.0 - p)
+    return input * noise.div_(1.0 - p)
+
+
+stochastic_depth.__module__ = "torchvision.ops.stochastic_depth"
+torch.fx.wrap("stochastic_depth")
+
+
+class MBConvTail(nn.Module):
+    """torchvision's MBConv end: projection conv -> BN, then ``stochastic_depth`` before the ``+ input``."""
+
+    def __init__(self, c: int = 13) -> None:
+        super().__init__()
+        self.project = nn.Sequential(nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        result = stochastic_depth(self.project(x), 0.2, "row", self.training)
+        result += x
+        return result
+
+
+def test_eval_stochastic_depth_vanishes_so_the_residual_fuses():
+    model = seeded(MBConvTail())
+    opt = optimize_and_compare(model, torch.randn(2, 13, 7, 9))
+    assert fused_ops(opt) == [["conv2d", "batch_norm", "add"]], str(opt.fusion_report)
+
+
 def test_training_mode_dropout_stays():
     model = seeded(FunctionalDropouts()).train()
     report = fuser.explain(model, (torch.randn(5, 19),))
