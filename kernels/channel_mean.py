@@ -22,7 +22,11 @@ from .interpret import run_interpreted
 from .launch import FLOAT_DTYPES, PlanCache, cdiv, tensor_meta
 from .splitk import SM_COUNT
 
-MIN_PIXELS_PER_SPLIT = 256  # below this a split's partial sum costs more than its share of the pixels
+# A program's pixel loop waits on one load per step, so a range of 256 pixels (8 steps) took 4-6 us on the
+# H200 for the 14x14 and 28x28 SE pools of EfficientNet-B0 (benchmarks/kernel_timeline.py): ranges of 64 make
+# 4x the programs and 2 steps each. At most MAX_SPLITS ranges: the second launch adds them one after another.
+MIN_PIXELS_PER_SPLIT = 64
+MAX_SPLITS = 64
 
 
 @triton.jit(do_not_specialize=["HW", "W", "PER_SPLIT"])
@@ -85,10 +89,10 @@ def _layout(x: torch.Tensor, interpret: bool) -> tuple[int, int, int]:
 
 def splits_for(n: int, channel_blocks: int, pixels: int, block_p: int) -> int:
     """How many pixel ranges each (image, channel block) is split into: about two programs per SM, each
-    range at least ``MIN_PIXELS_PER_SPLIT`` pixels (whole ``block_p`` steps)."""
+    range at least ``MIN_PIXELS_PER_SPLIT`` pixels (whole ``block_p`` steps), at most ``MAX_SPLITS``."""
     wanted = cdiv(2 * SM_COUNT, n * channel_blocks)
     most = max(1, pixels // max(MIN_PIXELS_PER_SPLIT, block_p))
-    return max(1, min(wanted, most))
+    return max(1, min(wanted, most, MAX_SPLITS))
 
 
 _plans = PlanCache()
