@@ -2,7 +2,7 @@
 (kernels/tile_table_<arch>.json), which is their default where no tuning run was made. GPU only.
 
     python -m benchmarks.tile_table [--cache DIR] [--out FILE] [--only yolov8n:1:float32 ...]
-        [--budget-s 540] [--per-class 2] [--rounds 2] [--rep-ms 40] [--build-only]
+        [--budget-s 540] [--per-class 2] [--rounds 2] [--rep-ms 40] [--build-only] [--extend TABLE]
 
 What it measures: YOLOv8n @640, ResNet-50, EfficientNet-B0 and MobileNetV3-Large @224 (from ultralytics /
 torchvision where installed, else the same architectures from fuser.models; MobileNetV3 only from
@@ -161,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="measurements of each candidate (best kept)")
     parser.add_argument("--rep-ms", type=int, default=40, help="do_bench time per measurement")
     parser.add_argument("--build-only", action="store_true", help="only build the table from the cache")
+    parser.add_argument(
+        "--extend", type=Path, default=None, help="a table whose entries are kept for classes this run did not measure"
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("tile_table: needs a CUDA GPU")
@@ -201,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
             "rep_ms": args.rep_ms,
         }
         table = tile_table.build_table(entries, arch, source, sm_count)
+        if args.extend is not None:
+            # The classes this run measured replace the old table's; the old source stays, under "extends".
+            old = json.loads(args.extend.read_text())
+            table["entries"] = {**old["entries"], **table["entries"]}
+            table["source"]["extends"] = old["source"]
         out.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
         return table
 
