@@ -34,6 +34,7 @@ from fuser.rewrite.chains import rewrite_chains
 from fuser.rewrite.channel_mean import fuse_channel_means
 from fuser.rewrite.detect_head import find_detect_heads, install_detect_heads
 from fuser.rewrite.input_scale import fold_input_scales
+from fuser.rewrite.max_pool import fuse_max_pools
 from fuser.rewrite.pool_pyramid import fuse_pool_pyramids
 from fuser.rewrite.tf32_rounding import compensate_truncated_inputs, mark_tf32_rounded_outputs
 from fuser.rewrite.virtual_cat import fuse_virtual_cats
@@ -271,7 +272,8 @@ def _run_pipeline(
     for graph in captured.graphs:
         try:
             fired = canonicalize(graph.gm)
-            rewrites = fuse_pool_pyramids(graph.gm, backend) + fuse_channel_means(graph.gm, backend)
+            rewrites = fuse_pool_pyramids(graph.gm, backend) + fuse_max_pools(graph.gm, backend)
+            rewrites += fuse_channel_means(graph.gm, backend)
             result = find_chains(graph.gm, graph.path)
             entries = [ChainReport.from_chain(c, True, kernel=_kernel_for(c, graph.gm)) for c in result.accepted]
             entries += [ChainReport.from_chain(r.chain, False, reason=r.reason) for r in result.rejected]

@@ -193,3 +193,38 @@ def unused_name(owner: nn.Module, stem: str) -> str:
     while hasattr(owner, name):
         name, i = f"{stem}_{i}", i + 1
     return name
+
+
+MAX_POOL_FUNCTIONS = frozenset({F.max_pool2d, torch.max_pool2d})
+_MAX_POOL_ARGS = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
+
+
+@dataclass(frozen=True)
+class MaxPoolCall:
+    """A 2-D max pool as the graph wrote it: ``nn.MaxPool2d`` or ``F.max_pool2d`` / ``torch.max_pool2d``,
+    its arguments bound by name (``stride`` defaults to the window, as both forms define)."""
+
+    input: Any
+    kernel_size: Any
+    stride: Any
+    padding: Any = 0
+    dilation: Any = 1
+    ceil_mode: bool = False
+    return_indices: bool = False
+
+
+def read_max_pool(node: fx.Node, modules: dict[str, nn.Module]) -> MaxPoolCall | None:
+    """The max pool ``node`` computes, or None when it is none (or its arguments cannot be bound)."""
+    if node.op == "call_module" and isinstance(modules.get(str(node.target)), nn.MaxPool2d):
+        m = modules[str(node.target)]
+        if len(node.args) != 1 or node.kwargs:
+            return None
+        return MaxPoolCall(node.args[0], m.kernel_size, m.stride or m.kernel_size, m.padding, m.dilation,
+                           m.ceil_mode, m.return_indices)  # fmt: skip
+    if node.op != "call_function" or node.target not in MAX_POOL_FUNCTIONS or len(node.args) > len(_MAX_POOL_ARGS):
+        return None
+    values = dict(zip(_MAX_POOL_ARGS, node.args, strict=False)) | dict(node.kwargs)
+    if "kernel_size" not in values or not set(values) <= set(_MAX_POOL_ARGS):
+        return None
+    values["stride"] = values.get("stride") or values["kernel_size"]
+    return MaxPoolCall(**values)

@@ -4,6 +4,7 @@ chains          each accepted chain becomes one fused module with folded paramet
 batchnorm_fold  conv -> BN(eval) folded into one conv's weight and bias
 cat_buffers     fused convs store straight into the slices of the concatenation they feed
 pool_pyramid    cat([x, pool(x), pool(pool(x)), ...]) as one kernel
+max_pool        the other 2-D max pools as an NHWC kernel
 channel_mean    spatial means (the SE pool) as one NHWC reduction kernel
 virtual_cat     conv(cat([upsample(a), b])) reads a and b directly
 input_scale     conv(x * s), s per image and channel, multiplies as it loads x

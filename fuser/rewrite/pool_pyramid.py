@@ -19,11 +19,10 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-from fuser.graph_ops import cat_operands, unused_name
+from fuser.graph_ops import cat_operands, read_max_pool, unused_name
 from fuser.lower import ops
 from fuser.report import GraphRewrite
 
-MAX_POOL_FUNCTIONS = {F.max_pool2d, torch.max_pool2d}
 MAX_SLICES = 4  # the kernel's limit; SPPF and SPP have four slices
 _MAX_PLANS = 8
 
@@ -93,26 +92,11 @@ class FusedPoolPyramid(nn.Module):
 
 def _same_padded_pool_radius(node: fx.Node, modules: dict[str, nn.Module]) -> int | None:
     """``(k - 1) / 2`` when ``node`` is a stride-1 max pool padded by ``k // 2`` with an odd square ``k``."""
-    if node.op == "call_module" and isinstance(modules.get(str(node.target)), nn.MaxPool2d):
-        m = modules[str(node.target)]
-        if len(node.args) != 1 or node.kwargs:
-            return None
-        k, stride, padding, dilation = m.kernel_size, m.stride, m.padding, m.dilation
-        ceil_mode, return_indices = m.ceil_mode, m.return_indices
-    elif node.op == "call_function" and node.target in MAX_POOL_FUNCTIONS:
-        names = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
-        if len(node.args) > len(names):
-            return None
-        values = dict(zip(names, node.args, strict=False))
-        values.update(node.kwargs)
-        k = values.get("kernel_size")
-        stride = values.get("stride") or k  # F.max_pool2d's stride defaults to the kernel size
-        padding, dilation = values.get("padding", 0), values.get("dilation", 1)
-        ceil_mode, return_indices = values.get("ceil_mode", False), values.get("return_indices", False)
-    else:
+    pool = read_max_pool(node, modules)
+    if pool is None or pool.ceil_mode or pool.return_indices:
         return None
-    k, stride, padding, dilation = (_square(v) for v in (k, stride, padding, dilation))
-    if None in (k, stride, padding, dilation) or ceil_mode or return_indices:
+    k, stride, padding, dilation = (_square(v) for v in (pool.kernel_size, pool.stride, pool.padding, pool.dilation))
+    if None in (k, stride, padding, dilation):
         return None
     if k % 2 == 0 or stride != 1 or dilation != 1 or padding != k // 2:
         return None

@@ -32,11 +32,13 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
+from fuser.graph_ops import MAX_POOL_FUNCTIONS
 from fuser.kernels.conv_choice import conv_kernel
 from fuser.kernels.precision import TRUNCATION_GAIN, Precision
 from fuser.lower.fused_modules import FusedConv2d, FusedLinear
 from fuser.rewrite.cat_buffers import cat_buffer, cat_result
-from fuser.rewrite.pool_pyramid import MAX_POOL_FUNCTIONS, FusedPoolPyramid
+from fuser.rewrite.max_pool import FusedMaxPool2d
+from fuser.rewrite.pool_pyramid import FusedPoolPyramid
 
 # Functions and methods whose output holds only values of their tensor inputs (or exact zeros).
 _MOVING_FUNCTIONS: set[Any] = {
@@ -68,7 +70,7 @@ _MOVING_METHODS = {
     "unsqueeze",
     "contiguous",
 }
-_MOVING_MODULES = (nn.MaxPool2d, nn.Identity, nn.Flatten, FusedPoolPyramid)
+_MOVING_MODULES = (nn.MaxPool2d, nn.Identity, nn.Flatten, FusedPoolPyramid, FusedMaxPool2d)
 _CHANNEL_SPLITS = {"chunk", "split", torch.chunk, torch.split}
 
 
@@ -231,7 +233,7 @@ def _keeps_channels(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
     if node.op == "call_method":
         return node.target == "contiguous"
     module = modules.get(str(node.target))
-    return isinstance(module, (nn.MaxPool2d, nn.Identity)) or _is_nearest_upsample(node, modules)
+    return isinstance(module, (nn.MaxPool2d, nn.Identity, FusedMaxPool2d)) or _is_nearest_upsample(node, modules)
 
 
 def compensate_truncated_inputs(gm: fx.GraphModule) -> list[str]:

@@ -105,7 +105,7 @@ def test_flag_reaches_the_launches_of_the_marked_modules(monkeypatch: pytest.Mon
     seen = record_launches(monkeypatch)
     with torch.no_grad():
         out = optimized(x)
-    flags = [kwargs["ROUND_TF32"] for _, kwargs in seen]
+    flags = [kwargs["ROUND_TF32"] for _, kwargs in seen if "ROUND_TF32" in kwargs]  # not the max pool's
     expected = [m.epilogue.round_tf32 for m in optimized.modules() if isinstance(m, (FusedConv2d, FusedLinear))]
     assert len(flags) == len(expected) == 15  # one launch per fused module
     assert sorted(flags) == sorted(expected) and sum(flags) == len(ROUNDED)
