@@ -14,6 +14,14 @@ other, as its example forward reached each launch. Here that forward runs twice:
 2. once the workers are done, the real forward (with its CUDA graph recording) finds every kernel in
    the cache and only loads it.
 
+The key is the point: a worker's compile helps only if it is filed under the key this process's JIT
+will compute. Everything in that key is recorded from the launch itself except the kernel's source key
+(``JITFunction.cache_key``), which each process computes -- and which on Triton 3.6 depends on the order
+the process hashed its kernels in (:func:`adopt_function_key`). So the source key is recorded too and
+the worker adopts it; each variant also carries the full key its JIT will look up
+(:func:`disk_key`, Triton's own ``get_cache_key``), and a worker that files a variant under another
+one is reported, with the key fields that differ (:func:`key_parts`), instead of missing silently.
+
 Why ahead and in parallel rather than lazily in the background: the first forward needs every kernel of
 the model (a CUDA graph is recorded over all of them), so a lazy compile only moves the wait into that
 call; and compiling is CPU-bound Python and MLIR work, which threads of one process do not spread over
@@ -37,6 +45,7 @@ the interpreter there and are not listed; on a GPU the hook sees them too.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import json
 import os
@@ -50,7 +59,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO
 
 from triton import knobs
@@ -73,7 +82,10 @@ class Variant:
     ``attrs`` map argument paths to constexpr values and to specialization attributes
     (``tt.divisibility`` 16), ``options`` are the backend options (``num_warps``, ``num_stages``, ...),
     ``target`` the GPU it is compiled for, ``key`` the JIT's own cache key of the launch (unique per
-    variant and target).
+    variant and target). ``function_key`` is the kernel's source key (``JITFunction.cache_key``) in the
+    process that listed it, which a worker adopts (:func:`adopt_function_key`), and ``cache_hash`` the
+    on-disk cache key that process's JIT will look up (:func:`disk_key`), against which a worker's
+    result is checked.
     """
 
     kernel: str
@@ -84,6 +96,8 @@ class Variant:
     target: GPUTarget
     declared: tuple[str, ...] = ()  # the parameters the kernel declares tl.constexpr
     key: str = field(default="", repr=False)
+    function_key: str = field(default="", repr=False)  # the kernel's JITFunction.cache_key where it was listed
+    cache_hash: str = field(default="", repr=False)  # Triton's on-disk key of it there ("": not computable)
 
     @property
     def name(self) -> str:
@@ -133,7 +147,7 @@ def _tuples(value: Any) -> Any:
 
 def _variant(jit_function: Any, key: Any, compile_args: dict[str, Any], target: GPUTarget) -> Variant:
     options = json.loads(compile_args["specialization_data"])["options"]
-    return Variant(
+    variant = Variant(
         kernel=f"{jit_function.fn.__module__}:{jit_function.fn.__qualname__}",
         signature=dict(compile_args["signature"]),
         constants=dict(compile_args["constants"]),
@@ -142,7 +156,9 @@ def _variant(jit_function: Any, key: Any, compile_args: dict[str, Any], target: 
         target=target,
         declared=tuple(p.name for p in jit_function.params if p.is_constexpr),
         key=str(key),
+        function_key=jit_function.cache_key,  # computed now, it is the key this process's compiles use
     )
+    return replace(variant, cache_hash=disk_key(variant, jit_function))
 
 
 class _TargetOnlyDriver:
@@ -243,23 +259,116 @@ def _resolve(kernel: str) -> Any:
     return obj
 
 
-def compile_one(variant: Variant) -> float:
-    """Compile ``variant`` into Triton's cache (a no-op where it is there); the seconds it took."""
-    import triton
+def _source(variant: Variant, function: Any) -> Any:
     from triton.compiler import ASTSource
 
+    return ASTSource(function, variant.signature, variant.constants, variant.attrs)
+
+
+def key_parts(variant: Variant, function: Any = None) -> dict[str, str]:
+    """:func:`cache_key_parts` of ``variant`` as ``triton.compile`` would file it in this process."""
+    from triton.compiler import compiler as tc
+
+    function = _resolve(variant.kernel) if function is None else function
+    backend = tc.make_backend(variant.target)
+    options = backend.parse_options(dict(variant.options))
+    return cache_key_parts(_source(variant, function), backend, options, tc.get_cache_invalidating_env_vars())
+
+
+def cache_key_parts(src: Any, backend: Any, options: Any, env_vars: dict[str, str]) -> dict[str, str]:
+    """What Triton's on-disk cache key of a compile is made of, field by field (the arguments are those
+    of Triton's ``get_cache_key``): the kernel's source key, the specialization (attributes, signature,
+    constants), the backend's and each option's share, the cache-invalidating environment and Triton's
+    own build; ``hash`` is the key itself, as ``triton.compile`` computes it. Two processes that disagree
+    on ``hash`` disagree on a named field: that is what a miss is diagnosed by."""
+    from triton.compiler import compiler as tc
+    from triton.runtime.cache import triton_key
+
+    parts = {
+        "function": src.fn.cache_key,
+        "attrs": str(src.attrs),
+        "signature": str(sorted(src.signature.items())),
+        "constants": str(sorted(src.constants.items())),
+        "backend": backend.hash(),
+        "env": str(sorted(env_vars.items())),
+        "triton": triton_key(),
+    }
+    parts.update({f"options.{name}": repr(value) for name, value in sorted(options.__dict__.items())})
+    parts["hash"] = hashlib.sha256(tc.get_cache_key(src, backend, options, env_vars).encode("utf-8")).hexdigest()
+    return parts
+
+
+def disk_key(variant: Variant, function: Any = None) -> str:
+    """The key under which Triton's cache holds ``variant`` compiled in this process (what the JIT looks
+    up at its launch); "" where this Triton's key cannot be computed here (a backend or a Triton
+    without these functions): the workers' results are then not checked."""
+    try:
+        return key_parts(variant, function)["hash"]
+    except Exception:
+        return ""
+
+
+def adopt_function_key(function: Any, key: str) -> bool:
+    """Give ``function`` (a ``JITFunction``) the source key ``key`` from the process that listed its
+    variants, where this process computed another; True where it did.
+
+    Triton 3.6 computes a kernel's key over the ``tl.constexpr`` globals its ``@triton.jit`` helpers use
+    -- but merges a helper's globals before computing that helper's key, so it counts only the helpers
+    whose keys this process computed earlier, for another kernel. One kernel's key then depends on which
+    kernels the process compiled before it: a worker that compiled the GEMM first and the example
+    forward that compiled a conv (sharing the epilogue helpers) first disagree, and the JIT misses what
+    the worker compiled (later Triton computes the helper's key first). The source is the same file in
+    both processes, so the binary is the same: the worker files it under the listing process's key."""
+    if not key or function.cache_key == key:
+        return False
+    function.hash = key
+    return True
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """One variant compiled into the cache: seconds, the key it is filed under, whether the worker had to
+    adopt the listing process's source key (:func:`adopt_function_key`), and where that key is not the
+    one the listing process computed (``Variant.cache_hash``), the worker's :func:`key_parts`."""
+
+    seconds: float
+    cache_hash: str = ""
+    adopted: bool = False
+    parts: dict[str, str] | None = None
+
+    def differs(self, variant: Variant) -> list[str]:
+        """The key fields on which this process and the worker disagree for ``variant``."""
+        if self.parts is None:
+            return []
+        ours = key_parts(variant)
+        return [name for name in ours if name != "hash" and ours.get(name) != self.parts.get(name)]
+
+
+def compile_one(variant: Variant) -> Compiled:
+    """Compile ``variant`` into Triton's cache (a no-op where it is there) under the key the listing
+    process's JIT looks up."""
+    import triton
+
     start = time.perf_counter()
-    src = ASTSource(_resolve(variant.kernel), variant.signature, variant.constants, variant.attrs)
-    triton.compile(src, target=variant.target, options=dict(variant.options))
-    return time.perf_counter() - start
+    function = _resolve(variant.kernel)
+    adopted = adopt_function_key(function, variant.function_key)
+    compiled = triton.compile(_source(variant, function), target=variant.target, options=dict(variant.options))
+    seconds, filed = time.perf_counter() - start, str(getattr(compiled, "hash", ""))
+    parts = None
+    if variant.cache_hash and filed and filed != variant.cache_hash:
+        with contextlib.suppress(Exception):
+            parts = key_parts(variant, function)
+    return Compiled(seconds, filed, adopted, parts)
 
 
 def default_workers() -> int:
     """``FUSER_COMPILE_WORKERS`` if set (``auto``: one per CPU core this process may use, at most 32), else 0.
 
-    Off by default: on the H200 machine (triton 3.6) about half the variants the workers compiled were
-    not found again by the JIT's own lookup (a key that differs there; on triton 3.9 every one is found),
-    and cold optimize() was no faster on two of the three models measured (kernels/NOTES.md)."""
+    Off by default until measured on the GPU again: on the H200 machine (triton 3.6) about half the
+    variants the workers compiled were not found by the JIT's lookup, because Triton 3.6's source key
+    of the GEMM and conv kernels depends on the order a process compiles its kernels in (now adopted
+    from the listing process: :func:`adopt_function_key`), and cold optimize() was no faster on two of
+    the three models measured (kernels/NOTES.md)."""
     env = os.environ.get(WORKERS_ENV, "0")
     if env != "auto":
         try:
@@ -289,7 +398,7 @@ class _Worker:
             env=env,
         )
 
-    def compile(self, variant: Variant) -> float:
+    def compile(self, variant: Variant) -> Compiled:
         assert self.process.stdin is not None and self.process.stdout is not None
         try:
             pickle.dump(variant, self.process.stdin)
@@ -300,7 +409,7 @@ class _Worker:
             raise RuntimeError(f"the compile worker stopped (exit code {code}): {self._log_tail()}") from None
         if status != "ok":
             raise RuntimeError(value)
-        return float(value)
+        return value
 
     def _log_tail(self) -> str:
         self.log.seek(0)
@@ -382,7 +491,7 @@ class Workers:
             if variant is None:  # finish(): no more variants
                 return
             try:
-                seconds = worker.compile(variant) if worker is not None else compile_one(variant)
+                result = worker.compile(variant) if worker is not None else compile_one(variant)
             except Exception as error:
                 if worker is None:  # it raises again at its launch, where Triton reports it
                     continue
@@ -392,7 +501,10 @@ class Workers:
                     return  # a dead worker takes no more jobs: the others (or this process) do
                 continue
             with self._lock:
-                self._times.append((seconds, variant.name))
+                self._times.append((result.seconds, variant.name))
+                self._adopted += result.adopted
+                if variant.cache_hash and result.cache_hash and result.cache_hash != variant.cache_hash:
+                    self._mismatched.append((variant, result))
                 if progress is not None:
                     progress.step(variant, len(self._times), self._submitted)
 
@@ -418,10 +530,19 @@ class Workers:
         for variant, _ in failed:
             with contextlib.suppress(Exception):  # it fails again at its launch, with Triton's own error
                 compile_one(variant)
+        if self._mismatched:
+            named = "; ".join(f"{v.describe()}: {', '.join(r.differs(v)) or '?'}" for v, r in self._mismatched[:3])
+            warnings.warn(
+                f"fuser: {len(self._mismatched)} kernel variant(s) compiled ahead are filed under another cache key "
+                f"than this process's Triton looks up, so they compile again at their launch (the key fields "
+                f"that differ follow): {named}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         longest = max(self._times, default=(0.0, ""))
         report = CompileReport(
             self._submitted, len(self._workers), time.perf_counter() - self._start, len(failed),
-            sum(t for t, _ in self._times), longest[0], longest[1],
+            sum(t for t, _ in self._times), longest[0], longest[1], self._adopted, len(self._mismatched),
         )  # fmt: skip
         self._reset()
         if progress is not None:
@@ -433,6 +554,8 @@ class Workers:
         self._threads: list[threading.Thread] = []
         self._failed: list[tuple[Variant, str]] = []  # by a worker: compiled again here
         self._times: list[tuple[float, str]] = []
+        self._adopted = 0
+        self._mismatched: list[tuple[Variant, Compiled]] = []  # filed under another key than the JIT's
         self._submitted = 0
         self._start = time.perf_counter()
 
@@ -441,7 +564,10 @@ class Workers:
 class CompileReport:
     """What :meth:`Workers.compile` did: variants, workers, wall seconds, variants compiled in this process
     after a worker failed; the compile seconds summed over the variants (against ``seconds``: how well the
-    workers overlapped) and the longest one's (a floor on ``seconds``) with its kernel."""
+    workers overlapped) and the longest one's (a floor on ``seconds``) with its kernel; the variants whose
+    worker adopted this process's source key of their kernel (:func:`adopt_function_key`: Triton 3.6)
+    and those filed under another key than this process's JIT looks up all the same (a warning names
+    them and the key fields that differ)."""
 
     variants: int
     workers: int
@@ -450,6 +576,8 @@ class CompileReport:
     compile_s_sum: float = 0.0
     longest_s: float = 0.0
     longest_kernel: str = ""
+    adopted_function_keys: int = 0
+    key_mismatches: int = 0
 
 
 class CompileProgress(Progress):
