@@ -305,56 +305,100 @@ def _worth_tracing(module: nn.Module) -> bool:
 def capture(model: nn.Module) -> Capture:
     """Trace ``model`` (the working copy: tracing can leave proxies in attributes a forward assigns)."""
     result = Capture(root=model)
-
-    def visit(module: nn.Module, path: str) -> None:
-        if not _is_container(module):
-            try:
-                gm, leaves = trace_around_failures(module, path)
-            except Exception as error:  # any failure to trace means: try the children instead
-                instead = (
-                    "its submodules were traced and optimized one by one instead"
-                    if any(_worth_tracing(c) for c in module.children())
-                    else "it runs as it is"
-                )
-                reason = f"{explain_trace_failure(error)}; {instead}"
-                entry = UntracedModule(path or "(model)", type(module).__name__, reason, _first_line(error))
-                result.untraced.append(entry)
-            else:
-                result.graphs.append(CapturedGraph(path, module, gm))
-                for name, leaf in leaves:
-                    if _worth_tracing(leaf):
-                        visit(leaf, f"{path}.{name}" if path else name)
-                return
-        for name, child in module.named_children():
-            if _worth_tracing(child):
-                visit(child, f"{path}.{name}" if path else name)
-
-    visit(model, "")
+    _visit(result, model, "")
     return result
 
 
-def propagate_shapes(model: nn.Module, capture: Capture, example_inputs: tuple[Any, ...]) -> None:
-    """Run ``model`` once on ``example_inputs``, recording shapes and dtypes on every traced graph's nodes.
+def _visit(result: Capture, module: nn.Module, path: str) -> None:
+    """Capture ``module`` at ``path`` into ``result``: its graph (and then its leaves'), else its children's."""
+    if not _is_container(module):
+        try:
+            gm, leaves = trace_around_failures(module, path)
+        except Exception as error:  # any failure to trace means: try the children instead
+            instead = (
+                "its submodules were traced and optimized one by one instead"
+                if any(_worth_tracing(c) for c in module.children())
+                else "it runs as it is"
+            )
+            reason = f"{explain_trace_failure(error)}; {instead}"
+            entry = UntracedModule(path or "(model)", type(module).__name__, reason, _first_line(error))
+            result.untraced.append(entry)
+        else:
+            result.graphs.append(CapturedGraph(path, module, gm))
+            for name, leaf in leaves:
+                if _worth_tracing(leaf):
+                    _visit(result, leaf, f"{path}.{name}" if path else name)
+            return
+    _visit_children(result, module, path)
 
-    Each traced module runs its graph through a shape recorder for its first call, so this one forward
-    pass is at once the check that the model accepts the inputs and the shape propagation; the model's
-    buffers and the random number generators are put back afterwards (a training-mode BatchNorm would
-    otherwise move its running statistics). A traced graph that fails where its module's own forward runs
-    is dropped from ``capture.graphs`` (reported in ``capture.untraced``): torch.fx traced something that is
-    not the module's function. An exception that the model's own code raises propagates: the model rejects
-    these inputs.
+
+def _visit_children(result: Capture, module: nn.Module, path: str) -> None:
+    for name, child in module.named_children():
+        if _worth_tracing(child):
+            _visit(result, child, f"{path}.{name}" if path else name)
+
+
+def propagate_shapes(model: nn.Module, capture: Capture, example_inputs: tuple[Any, ...]) -> None:
+    """Run ``model`` on ``example_inputs``, recording shapes and dtypes on every traced graph's nodes.
+
+    Each traced module runs its graph through a shape recorder for its first call, so one forward pass is
+    at once the check that the model accepts the inputs and the shape propagation; the model's buffers and
+    the random number generators are put back afterwards (a training-mode BatchNorm would otherwise move
+    its running statistics). A traced graph that fails where its module's own forward runs is dropped from
+    ``capture.graphs`` (reported in ``capture.untraced``): torch.fx traced something that is not the
+    module's function. A module whose forward never runs (its parent iterates over its children, as
+    ultralytics' models do over an ``nn.Sequential``) is dropped too, and its children are captured and
+    run instead: installing its graph would take away the children its parent uses. An exception that the
+    model's own code raises propagates: the model rejects these inputs.
     """
+    pending = list(capture.graphs)
+    while pending:
+        broken, called = _record_shapes(model, pending, example_inputs)
+        for g in [g for g in pending if id(g) in broken]:
+            capture.graphs.remove(g)
+            reason = (
+                "its traced graph fails where its forward runs (torch.fx recorded something other than what the "
+                "forward computes on these inputs); it runs as it is"
+            )
+            capture.untraced.append(UntracedModule(g.path or "(model)", type(g.module).__name__, reason, broken[id(g)]))
+        uncalled = [g for g in pending if g.path and id(g) not in called and id(g) not in broken]
+        pending = []
+        for g in uncalled:
+            if not any(c is g for c in capture.graphs):
+                continue  # captured under another uncalled module, which was just replaced by its children
+            capture.graphs = [c for c in capture.graphs if c is not g]
+            reason = (
+                "its forward does not run when the model runs (its parent uses its submodules directly); "
+                "its submodules were traced and optimized one by one instead"
+            )
+            # what was captured under it (its leaves) is captured again with the children
+            inside = f"{g.path}."
+            capture.graphs = [c for c in capture.graphs if not c.path.startswith(inside)]
+            capture.untraced = [u for u in capture.untraced if not u.path.startswith(inside)]
+            capture.untraced.append(UntracedModule(g.path, type(g.module).__name__, reason))
+            start = len(capture.graphs)
+            _visit_children(capture, g.module, g.path)
+            pending += capture.graphs[start:]
+
+
+def _record_shapes(
+    model: nn.Module, graphs: list[CapturedGraph], example_inputs: tuple[Any, ...]
+) -> tuple[dict[int, str], set[int]]:
+    """One example forward recording the shapes of ``graphs``; returns the graphs that failed (by id, with
+    the error) and those whose module was called."""
     saved = [(m, dict(m.__dict__)) for m in model.modules()]  # a forward may cache what it computes
     # A training-mode forward moves BN running statistics (and dropout draws random numbers): this run
     # must leave the model's state exactly as it found it.
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     rng_devices = sorted({t.device.index or 0 for t in example_inputs if isinstance(t, torch.Tensor) and t.is_cuda})
     broken: dict[int, str] = {}
-    for g in capture.graphs:
+    called: set[int] = set()
+    for g in graphs:
         if g.path == "":
             continue
 
         def forward(*args: Any, g: CapturedGraph = g, eager: Any = g.module.forward, **kwargs: Any) -> Any:
+            called.add(id(g))
             if g.example_inputs is None and not kwargs and id(g) not in broken:
                 try:
                     result = _ShapeRecorder(g.gm).run(*args)
@@ -367,7 +411,7 @@ def propagate_shapes(model: nn.Module, capture: Capture, example_inputs: tuple[A
         object.__setattr__(g.module, "forward", forward)
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=rng_devices):
-            root = next((g for g in capture.graphs if g.path == ""), None)
+            root = next((g for g in graphs if g.path == ""), None)
             if root is not None:
                 try:
                     _ShapeRecorder(root.gm).run(*example_inputs)
@@ -384,13 +428,7 @@ def propagate_shapes(model: nn.Module, capture: Capture, example_inputs: tuple[A
         with torch.no_grad():
             for buffer, value in buffers:
                 buffer.copy_(value)
-    for g in [g for g in capture.graphs if id(g) in broken]:
-        capture.graphs.remove(g)
-        reason = (
-            "its traced graph fails where its forward runs (torch.fx recorded something other than what the "
-            "forward computes on these inputs); it runs as it is"
-        )
-        capture.untraced.append(UntracedModule(g.path or "(model)", type(g.module).__name__, reason, broken[id(g)]))
+    return broken, called
 
 
 class _ShapeRecorder(fx.Interpreter):
