@@ -31,7 +31,7 @@ import fuser.kernels.launch
 from fuser.models.common import randomize_batchnorm
 
 # Per model: the neck's upsample -> Concat -> conv steps read as virtual inputs, the cats that get a buffer
-# (every C2f / C3k2 / C2PSA cat and the neck's Concats of a conv output with an earlier level), and what a
+# (every C2f / C3k2 / C2PSA / C3 cat and the neck's Concats of a conv output with an earlier level), and what a
 # forward runs outside fuser's kernels (the head's last 1x1 convs, which have no BN or activation to fuse;
 # YOLO11's attention block: its matmuls, its softmax, a reshape of a split and the split half copied into
 # its cat buffer).
@@ -46,6 +46,12 @@ EXPECTED: dict[str, dict[str, Any]] = {
         "cat_buffer": [f"model.{i}" for i in (2, 4, 6, 8, 10, 13, 16, 18, 19, 21, 22)]
         + ["model.6.m.0", "model.8.m.0", "model.22.m.0"],
         "outside": {"convolution": 6, "bmm": 2, "mul": 1, "_softmax": 1, "clone": 1, "copy_": 1},
+    },
+    # C3: both of its 1x1 convs read the neck's upsample + Concat as a virtual input
+    "yolov5nu": {
+        "virtual_cat": ["model.12", "model.16"],
+        "cat_buffer": [f"model.{i}" for i in (2, 4, 6, 8, 13, 17, 19, 20, 22, 23)],
+        "outside": {"convolution": 6},
     },
 }
 # allocations, and a view that aten does not mark as one
