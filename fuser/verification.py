@@ -445,6 +445,14 @@ def _reference_values(
     return output, flat, notes
 
 
+def _detached(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+
+
+def _double(value: Any) -> Any:
+    return value.cpu().double() if isinstance(value, torch.Tensor) else value
+
+
 def _layer_checks(
     layers: list[_Fused], reference: dict[tuple[str, str], list[torch.Tensor]], seen: list[tuple[int, Any, Any]]
 ) -> list[LayerCheck]:
@@ -460,7 +468,8 @@ def _layer_checks(
         ref = expected[call] if call < len(expected) else None
         own = copy.deepcopy(layer.module).cpu().double()
         with torch.no_grad(), ops.decomposed():
-            itself = own(*(a.cpu().double() for a in args))
+            positional, keywords = args
+            itself = own(*(a.cpu().double() for a in positional), **{k: _double(v) for k, v in keywords.items()})
         checks.append(
             LayerCheck(
                 index=index,
@@ -518,10 +527,13 @@ def verify(
     handles = []
     for i, layer in enumerate(fused):
 
-        def hook(module: nn.Module, hook_args: tuple, output: Any, i: int = i) -> None:
-            seen.append((i, tuple(a.detach() for a in hook_args), output.detach()))
+        def hook(module: nn.Module, hook_args: tuple, hook_kwargs: dict, output: Any, i: int = i) -> None:
+            # the inputs that say what the layer computes (a virtual concatenation's cat_with, a channel
+            # scale); not ``out``, the buffer slot it stores into, which its float64 copy must not write
+            inputs = {k: v for k, v in hook_kwargs.items() if k != "out"}
+            seen.append((i, (tuple(a.detach() for a in hook_args), _detached(inputs)), output.detach()))
 
-        handles.append(layer.module.register_forward_hook(hook))
+        handles.append(layer.module.register_forward_hook(hook, with_kwargs=True))
     try:
         with torch.no_grad():
             out = optimized(*args, **kwargs)
