@@ -445,31 +445,20 @@ def _reference_values(
     return output, flat, notes
 
 
-def _detached(values: dict[str, Any]) -> dict[str, Any]:
-    return {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
-
-
-def _double(value: Any) -> Any:
-    return value.cpu().double() if isinstance(value, torch.Tensor) else value
-
-
 def _layer_checks(
     layers: list[_Fused], reference: dict[tuple[str, str], list[torch.Tensor]], seen: list[tuple[int, Any, Any]]
 ) -> list[LayerCheck]:
-    from fuser.lower import ops
+    from fuser.diagnose import run_in_float64
 
     calls: dict[int, int] = {}
     checks = []
-    for index, (i, args, output) in enumerate(seen, 1):
+    for index, (i, inputs, output) in enumerate(seen, 1):
         layer = layers[i]
         call = calls.get(i, 0)
         calls[i] = call + 1
         expected = reference.get(layer.key, [])
         ref = expected[call] if call < len(expected) else None
-        own = copy.deepcopy(layer.module).cpu().double()
-        with torch.no_grad(), ops.decomposed():
-            positional, keywords = args
-            itself = own(*(a.cpu().double() for a in positional), **{k: _double(v) for k, v in keywords.items()})
+        itself = run_in_float64(layer.module, inputs)
         checks.append(
             LayerCheck(
                 index=index,
@@ -523,15 +512,14 @@ def verify(
     for layer in fused:
         wanted.setdefault(layer.key[0], set()).add(layer.key[1])
 
+    from fuser.diagnose import recorded_inputs
+
     seen: list[tuple[int, Any, Any]] = []
     handles = []
     for i, layer in enumerate(fused):
 
         def hook(module: nn.Module, hook_args: tuple, hook_kwargs: dict, output: Any, i: int = i) -> None:
-            # the inputs that say what the layer computes (a virtual concatenation's cat_with, a channel
-            # scale); not ``out``, the buffer slot it stores into, which its float64 copy must not write
-            inputs = {k: v for k, v in hook_kwargs.items() if k != "out"}
-            seen.append((i, (tuple(a.detach() for a in hook_args), _detached(inputs)), output.detach()))
+            seen.append((i, recorded_inputs(hook_args, hook_kwargs), output.detach()))
 
         handles.append(layer.module.register_forward_hook(hook, with_kwargs=True))
     try:

@@ -234,3 +234,15 @@ def test_two_convs_read_one_virtual_concatenation(backend: str) -> None:
     assert sum(n.kwargs.get("upsample") == 2 for n in nodes) == 2, "both convs read the virtual input"
     with torch.no_grad():
         assert_close(fast(x), reference64(model, x), "ieee", backend)
+
+
+def test_layer_errors_rerun_the_virtual_input() -> None:
+    """The per-layer float64 re-runs (fuser.verify, fuser.diagnose) give a virtual-input conv its cat_with."""
+    from fuser.diagnose import layer_errors
+
+    model, x = randomize_batchnorm(NeckC3()).eval(), torch.randn(2, 5, 14, 10)
+    fast = fuser.optimize(model, (x,), precision="ieee", backend="interpret")
+    errors = layer_errors(fast, x)
+    assert len(errors) == 3 and all(e.rel_error < 1e-5 for e in errors), errors  # deep, cv1, cv2
+    result = fuser.verify(model, fast, (x,))
+    assert result.ok and len(result.layers) == 3 and all(c.own_error < 1e-5 for c in result.layers), str(result)
