@@ -33,18 +33,38 @@ def _rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out64 - ref64).norm() / ref64.norm().clamp_min(1e-300)).item()
 
 
+Inputs = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+def recorded_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Inputs:
+    """A fused module's call inputs as a forward hook (``with_kwargs=True``) sees them, detached, for a
+    float64 re-run: the keywords that say what it computes (a virtual concatenation's ``cat_with``, a
+    channel scale), not ``out``, the cat buffer slot it stored into, which the re-run must not write."""
+    detach = lambda v: v.detach() if isinstance(v, torch.Tensor) else v
+    return tuple(detach(a) for a in args), {k: detach(v) for k, v in kwargs.items() if k != "out"}
+
+
+def run_in_float64(module: nn.Module, inputs: Inputs) -> torch.Tensor:
+    """``module``'s float64 copy on ``inputs`` (see :func:`recorded_inputs`), with the torch reference."""
+    double = lambda v: v.cpu().double() if isinstance(v, torch.Tensor) else v
+    args, kwargs = inputs
+    reference = copy.deepcopy(module).cpu().double()
+    with torch.no_grad(), ops.decomposed():
+        return reference(*(double(a) for a in args), **{k: double(v) for k, v in kwargs.items()})
+
+
 @torch.no_grad()
 def layer_errors(optimized: nn.Module, *inputs: Any) -> list[LayerError]:
     """Relative error of every fused module's output against its float64 reference, in execution order."""
     fused = [(n, m) for n, m in optimized.named_modules() if isinstance(m, (FusedConv2d, FusedLinear))]
-    seen: dict[str, tuple[tuple[Any, ...], torch.Tensor]] = {}
+    seen: dict[str, tuple[Inputs, torch.Tensor]] = {}
     handles = []
     for name, module in fused:
 
-        def hook(module: nn.Module, args: tuple, output: torch.Tensor, name: str = name) -> None:
-            seen.setdefault(name, (tuple(a.detach() for a in args), output.detach()))
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor, name: str = name) -> None:
+            seen.setdefault(name, (recorded_inputs(args, kwargs), output.detach()))
 
-        handles.append(module.register_forward_hook(hook))
+        handles.append(module.register_forward_hook(hook, with_kwargs=True))
     try:
         optimized(*inputs)
     finally:
@@ -52,10 +72,8 @@ def layer_errors(optimized: nn.Module, *inputs: Any) -> list[LayerError]:
             h.remove()
     errors = []
     modules = dict(fused)
-    for name, (args, output) in seen.items():
-        reference = copy.deepcopy(modules[name]).cpu().double()
-        with ops.decomposed():
-            expected = reference(*(a.cpu().double() for a in args))
+    for name, (inputs, output) in seen.items():
+        expected = run_in_float64(modules[name], inputs)
         m = modules[name]
         errors.append(LayerError(name, m.source, m.epilogue.describe(), _rel_error(output, expected)))
     return errors

@@ -448,19 +448,17 @@ def _reference_values(
 def _layer_checks(
     layers: list[_Fused], reference: dict[tuple[str, str], list[torch.Tensor]], seen: list[tuple[int, Any, Any]]
 ) -> list[LayerCheck]:
-    from fuser.lower import ops
+    from fuser.diagnose import run_in_float64
 
     calls: dict[int, int] = {}
     checks = []
-    for index, (i, args, output) in enumerate(seen, 1):
+    for index, (i, inputs, output) in enumerate(seen, 1):
         layer = layers[i]
         call = calls.get(i, 0)
         calls[i] = call + 1
         expected = reference.get(layer.key, [])
         ref = expected[call] if call < len(expected) else None
-        own = copy.deepcopy(layer.module).cpu().double()
-        with torch.no_grad(), ops.decomposed():
-            itself = own(*(a.cpu().double() for a in args))
+        itself = run_in_float64(layer.module, inputs)
         checks.append(
             LayerCheck(
                 index=index,
@@ -514,14 +512,16 @@ def verify(
     for layer in fused:
         wanted.setdefault(layer.key[0], set()).add(layer.key[1])
 
+    from fuser.diagnose import recorded_inputs
+
     seen: list[tuple[int, Any, Any]] = []
     handles = []
     for i, layer in enumerate(fused):
 
-        def hook(module: nn.Module, hook_args: tuple, output: Any, i: int = i) -> None:
-            seen.append((i, tuple(a.detach() for a in hook_args), output.detach()))
+        def hook(module: nn.Module, hook_args: tuple, hook_kwargs: dict, output: Any, i: int = i) -> None:
+            seen.append((i, recorded_inputs(hook_args, hook_kwargs), output.detach()))
 
-        handles.append(layer.module.register_forward_hook(hook))
+        handles.append(layer.module.register_forward_hook(hook, with_kwargs=True))
     try:
         with torch.no_grad():
             out = optimized(*args, **kwargs)

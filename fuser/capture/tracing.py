@@ -1,8 +1,18 @@
 """Capture: the model as torch.fx graphs, the whole model when it traces, else its largest traceable parts.
 
 Real models often do not trace as a whole (a detection head that compares shapes, data-dependent control
-flow). Then every child module is tried in turn, recursing into those that fail, so each conv -> BN -> act
-block still lands in some graph; what could not be traced is recorded with the reason.
+flow). Where the failure lies inside a submodule's forward, that submodule becomes a leaf (one opaque call)
+and the module is traced again, so the code around it (ultralytics' routing of a backbone and neck by
+``m.f``) stays one graph and the rewrites that span blocks (a neck's upsample -> concat -> conv) see it;
+each leaf is then captured on its own, the same way. Where the module's own code fails, every child module
+is tried in turn, recursing into those that fail, so each conv -> BN -> act block still lands in some
+graph; what could not be traced is recorded with the reason.
+
+The tracer also knows how many values a ``chunk(n)``, ``split([sizes])`` or ``tensor_split`` returns, so a
+forward may iterate over them (``list(x.chunk(2, 1))``, as ultralytics' C2f does), which plain torch.fx
+refuses. ``chunk(n)`` returns fewer than ``n`` pieces where the dimension is shorter than ``n``: the traced
+graph then raises an IndexError where it takes a piece that is not there, and shape propagation checks the
+count on the example inputs.
 
 A traced submodule is installed back into its parent by replacing that module's ``forward`` (an instance
 attribute pointing at the graph module, which is registered as its child ``fused_graph``): the module keeps
@@ -13,6 +23,9 @@ module holds what the new forward reads, so the optimized model carries no dead 
 
 from __future__ import annotations
 
+import inspect
+import operator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,13 +89,89 @@ class Capture:
     untraced: list[UntracedModule] = field(default_factory=list)
 
 
-class SourceTracer(fx.Tracer):
-    """A symbolic tracer that records, on each node, the qualified name of the module that created it."""
+def _positive(n: Any) -> int | None:
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 
-    def __init__(self, prefix: str = "") -> None:
+
+def _sizes(sizes: Any) -> int | None:
+    exact = isinstance(sizes, (list, tuple)) and all(isinstance(s, int) for s in sizes)
+    return len(sizes) if exact else None
+
+
+def _tensor_split(sections: Any) -> int | None:
+    indices = _sizes(sections)
+    return _positive(sections) if indices is None else indices + 1
+
+
+# How many values a splitting call returns, from the argument after the tensor (by position or keyword).
+# chunk's count is an upper bound taken as exact (the module's docstring says what guards it); the rest are
+# exact; a split by one size depends on the shape and is not known.
+_SPLIT_COUNTS: dict[Any, tuple[tuple[str, ...], Any]] = {
+    torch.chunk: (("chunks",), _positive),
+    "chunk": (("chunks",), _positive),
+    torch.split: (("split_size_or_sections",), _sizes),
+    "split": (("split_size", "split_size_or_sections"), _sizes),
+    "split_with_sizes": (("split_sizes",), _sizes),
+    torch.tensor_split: (("indices_or_sections", "sections", "indices"), _tensor_split),
+    "tensor_split": (("indices_or_sections", "sections", "indices"), _tensor_split),
+}
+
+
+def split_count(node: fx.Node) -> int | None:
+    """How many values ``node`` (a chunk, split or tensor_split with constant arguments) returns, else None."""
+    if node.op not in ("call_function", "call_method"):
+        return None
+    try:
+        names, count = _SPLIT_COUNTS[node.target]
+    except (KeyError, TypeError):  # TypeError: a target that cannot be a key
+        return None
+    if len(node.args) > 1:
+        return count(node.args[1])
+    return next((count(node.kwargs[k]) for k in names if k in node.kwargs), None)
+
+
+_VARARGS = inspect.CO_VARARGS | inspect.CO_VARKEYWORDS
+
+
+def _named_parameters_only(fn: Any, names: tuple[str, ...]) -> Any:
+    """A function of exactly the parameters ``names`` (with ``fn``'s defaults) that calls ``fn`` with them:
+    torch.fx reads a root's placeholders from its code object, so it must be a real function."""
+    if not all(name.isidentifier() for name in names):
+        return fn
+    namespace: dict[str, Any] = {"_forward": fn}
+    params = ", ".join(names)
+    exec(f"def forward({params}):\n    return _forward({params})\n", namespace)
+    forward = namespace["forward"]
+    forward.__defaults__ = getattr(inspect.unwrap(fn), "__defaults__", None)
+    return forward
+
+
+class SequenceProxy(fx.Proxy):
+    """A traced value known to be a sequence of ``length`` tensors: ``len`` and iteration give its items."""
+
+    def __init__(self, node: fx.Node, tracer: fx.Tracer, length: int) -> None:
+        super().__init__(node, tracer)
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self) -> Iterator[fx.Proxy]:
+        return (self.tracer.create_proxy("call_function", operator.getitem, (self, i), {}) for i in range(self.length))
+
+
+class SourceTracer(fx.Tracer):
+    """A symbolic tracer that records, on each node, the qualified name of the module that created it.
+
+    The modules in ``leaves`` are called, not traced into; ``failed`` is the innermost module whose forward
+    raised during tracing (None when the traced module's own code did)."""
+
+    def __init__(self, prefix: str = "", leaves: frozenset[int] = frozenset()) -> None:
         super().__init__()
         self._scope: list[str] = [prefix]
         self._prefix = prefix
+        self._leaves = leaves
+        self.failed: nn.Module | None = None
 
     def call_module(self, m: nn.Module, forward: Any, args: tuple, kwargs: dict) -> Any:
         try:
@@ -92,12 +181,33 @@ class SourceTracer(fx.Tracer):
         self._scope.append(f"{self._prefix}.{path}" if self._prefix and path else (path or self._prefix))
         try:
             return super().call_module(m, forward, args, kwargs)
+        except Exception:
+            if self.failed is None:
+                self.failed = m
+            raise
         finally:
             self._scope.pop()
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if id(m) in self._leaves:
+            return True
         # A torch.nn layer whose forward was replaced on the instance does not compute what its type says.
         return "forward" not in m.__dict__ and super().is_leaf_module(m, module_qualified_name)
+
+    def create_args_for_root(self, root_fn: Any, is_module: bool, concrete_args: Any = None) -> Any:
+        # A forward(self, x, *args, **kwargs) (ultralytics' models) is traced as called with its named
+        # parameters only: torch.fx would pass the rest as one value that the forward then unpacks.
+        code = getattr(inspect.unwrap(root_fn), "__code__", None)
+        if code is not None and code.co_flags & _VARARGS and not code.co_kwonlyargcount and concrete_args is None:
+            root_fn = _named_parameters_only(root_fn, code.co_varnames[: code.co_argcount])
+        return super().create_args_for_root(root_fn, is_module, concrete_args)
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        length = split_count(node)
+        if length is not None:
+            node.meta["split_count"] = length
+            return SequenceProxy(node, self, length)
+        return super().proxy(node)
 
     def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
         node = super().create_node(*args, **kwargs)
@@ -131,15 +241,19 @@ def forward_method_name(module: nn.Module) -> str:
     )
 
 
-def trace(module: nn.Module, path: str = "") -> fx.GraphModule:
-    """``torch.fx.symbolic_trace`` of the forward the instance runs, with source-module names on the nodes.
+def trace(module: nn.Module, path: str = "", leaves: frozenset[int] = frozenset()) -> fx.GraphModule:
+    """``torch.fx.symbolic_trace`` of the forward the instance runs, with source-module names on the nodes;
+    the submodules whose ids are in ``leaves`` are called, not traced into.
 
     Attributes that a forward assigns while being traced (a cache of anchors, a remembered shape) would
     hold proxies afterwards; every module's attributes are put back as they were, traced or not.
     """
+    return _trace(SourceTracer(path, leaves), module)
+
+
+def _trace(tracer: SourceTracer, module: nn.Module) -> fx.GraphModule:
     saved = [(m, dict(m.__dict__)) for m in module.modules()]
     try:
-        tracer = SourceTracer(path)
         tracer.traced_func_name = forward_method_name(module)
         graph = tracer.trace(module)
         for node in graph.nodes:
@@ -152,6 +266,26 @@ def trace(module: nn.Module, path: str = "") -> fx.GraphModule:
         for m, attributes in saved:
             m.__dict__.clear()
             m.__dict__.update(attributes)
+
+
+MAX_LEAVES = 16  # submodules made leaves before the module counts as untraceable (each costs a new trace)
+
+
+def trace_around_failures(module: nn.Module, path: str = "") -> tuple[fx.GraphModule, list[tuple[str, nn.Module]]]:
+    """:func:`trace` of ``module``, making each submodule whose forward fails to trace a leaf and tracing
+    again; returns the graph and the leaves made, by qualified name under ``module``. Raises the error of
+    the last attempt where ``module``'s own code fails (or after :data:`MAX_LEAVES` leaves)."""
+    names = {id(m): name for name, m in module.named_modules() if name}
+    leaves: list[nn.Module] = []
+    while True:
+        tracer = SourceTracer(path, frozenset(id(m) for m in leaves))
+        try:
+            return _trace(tracer, module), [(names[id(m)], m) for m in leaves]
+        except Exception:
+            failed = tracer.failed
+            if failed is None or id(failed) not in names or failed in leaves or len(leaves) >= MAX_LEAVES:
+                raise
+            leaves.append(failed)
 
 
 def _first_line(error: BaseException) -> str:
@@ -171,51 +305,100 @@ def _worth_tracing(module: nn.Module) -> bool:
 def capture(model: nn.Module) -> Capture:
     """Trace ``model`` (the working copy: tracing can leave proxies in attributes a forward assigns)."""
     result = Capture(root=model)
-
-    def visit(module: nn.Module, path: str) -> None:
-        if not _is_container(module):
-            try:
-                result.graphs.append(CapturedGraph(path, module, trace(module, path)))
-                return
-            except Exception as error:  # any failure to trace means: try the children instead
-                instead = (
-                    "its submodules were traced and optimized one by one instead"
-                    if any(_worth_tracing(c) for c in module.children())
-                    else "it runs as it is"
-                )
-                reason = f"{explain_trace_failure(error)}; {instead}"
-                entry = UntracedModule(path or "(model)", type(module).__name__, reason, _first_line(error))
-                result.untraced.append(entry)
-        for name, child in module.named_children():
-            if _worth_tracing(child):
-                visit(child, f"{path}.{name}" if path else name)
-
-    visit(model, "")
+    _visit(result, model, "")
     return result
 
 
-def propagate_shapes(model: nn.Module, capture: Capture, example_inputs: tuple[Any, ...]) -> None:
-    """Run ``model`` once on ``example_inputs``, recording shapes and dtypes on every traced graph's nodes.
+def _visit(result: Capture, module: nn.Module, path: str) -> None:
+    """Capture ``module`` at ``path`` into ``result``: its graph (and then its leaves'), else its children's."""
+    if not _is_container(module):
+        try:
+            gm, leaves = trace_around_failures(module, path)
+        except Exception as error:  # any failure to trace means: try the children instead
+            instead = (
+                "its submodules were traced and optimized one by one instead"
+                if any(_worth_tracing(c) for c in module.children())
+                else "it runs as it is"
+            )
+            reason = f"{explain_trace_failure(error)}; {instead}"
+            entry = UntracedModule(path or "(model)", type(module).__name__, reason, _first_line(error))
+            result.untraced.append(entry)
+        else:
+            result.graphs.append(CapturedGraph(path, module, gm))
+            for name, leaf in leaves:
+                if _worth_tracing(leaf):
+                    _visit(result, leaf, f"{path}.{name}" if path else name)
+            return
+    _visit_children(result, module, path)
 
-    Each traced module runs its graph through a shape recorder for its first call, so this one forward
-    pass is at once the check that the model accepts the inputs and the shape propagation; the model's
-    buffers and the random number generators are put back afterwards (a training-mode BatchNorm would
-    otherwise move its running statistics). A traced graph that fails where its module's own forward runs
-    is dropped from ``capture.graphs`` (reported in ``capture.untraced``): torch.fx traced something that is
-    not the module's function. An exception that the model's own code raises propagates: the model rejects
-    these inputs.
+
+def _visit_children(result: Capture, module: nn.Module, path: str) -> None:
+    for name, child in module.named_children():
+        if _worth_tracing(child):
+            _visit(result, child, f"{path}.{name}" if path else name)
+
+
+def propagate_shapes(model: nn.Module, capture: Capture, example_inputs: tuple[Any, ...]) -> None:
+    """Run ``model`` on ``example_inputs``, recording shapes and dtypes on every traced graph's nodes.
+
+    Each traced module runs its graph through a shape recorder for its first call, so one forward pass is
+    at once the check that the model accepts the inputs and the shape propagation; the model's buffers and
+    the random number generators are put back afterwards (a training-mode BatchNorm would otherwise move
+    its running statistics). A traced graph that fails where its module's own forward runs is dropped from
+    ``capture.graphs`` (reported in ``capture.untraced``): torch.fx traced something that is not the
+    module's function. A module whose forward never runs (its parent iterates over its children, as
+    ultralytics' models do over an ``nn.Sequential``) is dropped too, and its children are captured and
+    run instead: installing its graph would take away the children its parent uses. An exception that the
+    model's own code raises propagates: the model rejects these inputs.
     """
+    pending = list(capture.graphs)
+    while pending:
+        broken, called = _record_shapes(model, pending, example_inputs)
+        for g in [g for g in pending if id(g) in broken]:
+            capture.graphs.remove(g)
+            reason = (
+                "its traced graph fails where its forward runs (torch.fx recorded something other than what the "
+                "forward computes on these inputs); it runs as it is"
+            )
+            capture.untraced.append(UntracedModule(g.path or "(model)", type(g.module).__name__, reason, broken[id(g)]))
+        uncalled = [g for g in pending if g.path and id(g) not in called and id(g) not in broken]
+        pending = []
+        for g in uncalled:
+            if not any(c is g for c in capture.graphs):
+                continue  # captured under another uncalled module, which was just replaced by its children
+            capture.graphs = [c for c in capture.graphs if c is not g]
+            reason = (
+                "its forward does not run when the model runs (its parent uses its submodules directly); "
+                "its submodules were traced and optimized one by one instead"
+            )
+            # what was captured under it (its leaves) is captured again with the children
+            inside = f"{g.path}."
+            capture.graphs = [c for c in capture.graphs if not c.path.startswith(inside)]
+            capture.untraced = [u for u in capture.untraced if not u.path.startswith(inside)]
+            capture.untraced.append(UntracedModule(g.path, type(g.module).__name__, reason))
+            start = len(capture.graphs)
+            _visit_children(capture, g.module, g.path)
+            pending += capture.graphs[start:]
+
+
+def _record_shapes(
+    model: nn.Module, graphs: list[CapturedGraph], example_inputs: tuple[Any, ...]
+) -> tuple[dict[int, str], set[int]]:
+    """One example forward recording the shapes of ``graphs``; returns the graphs that failed (by id, with
+    the error) and those whose module was called."""
     saved = [(m, dict(m.__dict__)) for m in model.modules()]  # a forward may cache what it computes
     # A training-mode forward moves BN running statistics (and dropout draws random numbers): this run
     # must leave the model's state exactly as it found it.
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
     rng_devices = sorted({t.device.index or 0 for t in example_inputs if isinstance(t, torch.Tensor) and t.is_cuda})
     broken: dict[int, str] = {}
-    for g in capture.graphs:
+    called: set[int] = set()
+    for g in graphs:
         if g.path == "":
             continue
 
         def forward(*args: Any, g: CapturedGraph = g, eager: Any = g.module.forward, **kwargs: Any) -> Any:
+            called.add(id(g))
             if g.example_inputs is None and not kwargs and id(g) not in broken:
                 try:
                     result = _ShapeRecorder(g.gm).run(*args)
@@ -228,8 +411,8 @@ def propagate_shapes(model: nn.Module, capture: Capture, example_inputs: tuple[A
         object.__setattr__(g.module, "forward", forward)
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=rng_devices):
-            if len(capture.graphs) == 1 and capture.graphs[0].path == "":
-                root = capture.graphs[0]
+            root = next((g for g in graphs if g.path == ""), None)
+            if root is not None:
                 try:
                     _ShapeRecorder(root.gm).run(*example_inputs)
                     root.example_inputs = example_inputs
@@ -245,28 +428,28 @@ def propagate_shapes(model: nn.Module, capture: Capture, example_inputs: tuple[A
         with torch.no_grad():
             for buffer, value in buffers:
                 buffer.copy_(value)
-    for g in [g for g in capture.graphs if id(g) in broken]:
-        capture.graphs.remove(g)
-        reason = (
-            "its traced graph fails where its forward runs (torch.fx recorded something other than what the "
-            "forward computes on these inputs); it runs as it is"
-        )
-        capture.untraced.append(UntracedModule(g.path or "(model)", type(g.module).__name__, reason, broken[id(g)]))
+    return broken, called
 
 
 class _ShapeRecorder(fx.Interpreter):
-    """Runs a graph and stores each tensor result's shape, dtype and layout in ``node.meta["tensor_meta"]``."""
+    """Runs a graph and stores each tensor result's shape, dtype and layout in ``node.meta["tensor_meta"]``;
+    a chunk that returns fewer pieces than the trace took (see the module's docstring) is an error here."""
 
     def run_node(self, n: fx.Node) -> Any:
         result = super().run_node(n)
+        count = n.meta.get("split_count")
+        if count is not None and len(result) != count:
+            raise ValueError(f"{n.name} ({n.target}) returned {len(result)} pieces, the trace took {count}")
         if isinstance(result, torch.Tensor):
             n.meta["tensor_meta"] = _extract_tensor_metadata(result)
         return result
 
 
 def install(capture: Capture, graph: CapturedGraph, optimized: fx.GraphModule) -> nn.Module:
-    """Put ``optimized`` in place of ``graph``'s module; returns the model's new root."""
+    """Put ``optimized`` in place of ``graph``'s module; returns the model's new root (``optimized`` itself
+    for the root's graph, whose leaves keep the modules that the graphs installed after it change)."""
     if graph.path == "":
+        capture.root = optimized
         return optimized
     module = graph.module
     name = unused_name(module, "fused_graph")

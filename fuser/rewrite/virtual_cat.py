@@ -10,7 +10,8 @@ torch.compile's custom op and ONNX export (Resize, Concat, Conv) compute the con
 
 A match needs: a fused conv (ungrouped, on a tensor-core kernel) whose input is a channel concatenation of
 exactly ``[upsample(a), b]``, the upsample an ``nn.Upsample`` or ``F.interpolate`` with ``scale_factor=2``
-and ``mode="nearest"``; the cat and the upsample read by nothing else; the shapes known from the example
+and ``mode="nearest"``; the upsample read by nothing else, the cat by nothing but such convs (YOLOv5's C3
+reads it with two, each then reads ``a`` and ``b``); the shapes known from the example
 inputs, with ``C_a`` a multiple of ``VIRTUAL_CAT_ALIGN`` (each channel block then reads one source) and one
 dtype. A concatenation that feeds a fused conv but misses one of these is reported with the reason (kind
 ``virtual_cat_kept``) and left to the other passes.
@@ -32,6 +33,7 @@ from fuser.report import GraphRewrite
 from fuser.rewrite.node_pass import candidates, finish
 
 FACTOR = 2  # powers of two only: nearest's source index floor(dst / factor) is then exact in float
+OTHER_USERS = "the concatenation or the upsample has other users"
 DESCRIPTION = "conv(cat([upsample_nearest(a, 2), b])): the conv reads a and b, nothing materialized"
 
 
@@ -65,9 +67,26 @@ def _meta(node: fx.Node) -> Any:
     return meta if hasattr(meta, "shape") else None
 
 
-def _match(conv_node: fx.Node, modules: dict[str, Any]) -> tuple[fx.Node, fx.Node, fx.Node, fx.Node] | str | None:
-    """``(cat, up, a, b)`` for a fused conv that reads ``cat([up(a), b], 1)``, a reason when it reads a
-    concatenation that does not qualify, None when it reads none."""
+def _conv_refusal(conv_node: fx.Node, cat: fx.Node, modules: dict[str, Any]) -> str | None:
+    """Why the user ``conv_node`` of ``cat`` cannot read it as a virtual input, or None when it can."""
+    conv = modules.get(str(conv_node.target)) if conv_node.op == "call_module" else None
+    if not isinstance(conv, FusedConv2d) or conv_node.args[0] is not cat or conv_node.kwargs:
+        return OTHER_USERS
+    if any(arg is cat for arg in conv_node.args[1:]):
+        return OTHER_USERS
+    c_out, c_in, kh, kw = conv.weight.shape
+    kernel = conv_kernel(c_in * conv.groups, c_out, conv.groups, (kh, kw), conv.stride, conv.padding)
+    if conv.groups != 1 or kernel is None or not kernel.tensor_cores:
+        return f"the conv (groups={conv.groups}) does not run on the implicit-GEMM kernel"
+    return None
+
+
+def _match(
+    conv_node: fx.Node, modules: dict[str, Any]
+) -> tuple[fx.Node, fx.Node, fx.Node, fx.Node, list[fx.Node]] | str | None:
+    """``(cat, up, a, b, convs)`` for a fused conv that reads ``cat([up(a), b], 1)`` (``convs``: every
+    user of the cat, all fused convs that can read it virtually, as C3's cv1 and cv2 both do), a reason
+    when it reads a concatenation that does not qualify, None when it reads none."""
     if conv_node.op != "call_module" or not isinstance(modules.get(str(conv_node.target)), FusedConv2d):
         return None
     cat = conv_node.args[0] if conv_node.args else None
@@ -75,6 +94,8 @@ def _match(conv_node: fx.Node, modules: dict[str, Any]) -> tuple[fx.Node, fx.Nod
     if parts is None or conv_node.kwargs:
         return None
     assert isinstance(cat, fx.Node)
+    if next((u for u in cat.users if _conv_refusal(u, cat, modules) != OTHER_USERS), conv_node) is not conv_node:
+        return None  # judged (and reported) once, at the first fused conv that reads the cat
     tensors, dim = parts
     if not tensors or _upsample_input(tensors[0], modules) is None:
         return None  # no upsample first: a concatenation of other things, fuser.rewrite.cat_buffers' business
@@ -84,21 +105,21 @@ def _match(conv_node: fx.Node, modules: dict[str, Any]) -> tuple[fx.Node, fx.Nod
     a = _upsample_input(up, modules)
     if isinstance(a, str) or a is None:
         return a
-    if len(cat.users) != 1 or len(up.users) != 1 or any(arg is cat for arg in conv_node.args[1:]):
-        return "the concatenation or the upsample has other users"
+    if len(up.users) != 1:
+        return OTHER_USERS
+    convs = list(cat.users)
+    refusal = next((r for r in (_conv_refusal(c, cat, modules) for c in convs) if r is not None), None)
+    if refusal is not None:
+        return refusal
     metas = [_meta(n) for n in (a, b)] if isinstance(b, fx.Node) else [None]
     if any(m is None for m in metas):
         return "the shapes are unknown (optimize without example inputs)"
-    (ma, mb), conv = metas, modules[str(conv_node.target)]
+    ma, mb = metas
     if len(ma.shape) != 4 or len(mb.shape) != 4 or ma.dtype != mb.dtype:
         return "the sources are not 4-D tensors of one dtype"
     if int(ma.shape[1]) % VIRTUAL_CAT_ALIGN:
         return f"the upsampled value has {int(ma.shape[1])} channels, not a multiple of {VIRTUAL_CAT_ALIGN}"
-    c_out, c_in, kh, kw = conv.weight.shape
-    kernel = conv_kernel(c_in * conv.groups, c_out, conv.groups, (kh, kw), conv.stride, conv.padding)
-    if conv.groups != 1 or kernel is None or not kernel.tensor_cores:
-        return f"the conv (groups={conv.groups}) does not run on the implicit-GEMM kernel"
-    return cat, up, a, b
+    return cat, up, a, b, convs
 
 
 def fuse_virtual_cats(gm: fx.GraphModule) -> list[GraphRewrite]:
@@ -113,9 +134,10 @@ def fuse_virtual_cats(gm: fx.GraphModule) -> list[GraphRewrite]:
         if isinstance(match, str):
             found.append(GraphRewrite("virtual_cat_kept", source, f"{cat.name} kept: {match}", []))
             continue
-        cat, up, a, b = match
-        node.args = (a, *node.args[1:])
-        node.kwargs = {"cat_with": b, "upsample": FACTOR}
+        cat, up, a, b, convs = match
+        for conv in convs:
+            conv.args = (a, *conv.args[1:])
+            conv.kwargs = {"cat_with": b, "upsample": FACTOR}
         gm.graph.erase_node(cat)
         gm.graph.erase_node(up)
         found.append(GraphRewrite("virtual_cat", source, DESCRIPTION, [up.name, cat.name]))

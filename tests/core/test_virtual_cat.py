@@ -209,3 +209,40 @@ def test_opcheck_of_the_op_with_a_virtual_input() -> None:
     torch.library.opcheck(torch.ops.fuser.conv2d_act.default, args, test_utils=("test_schema", "test_faketensor"))
     out = torch.ops.fuser.conv2d_act(*args)
     assert out.shape == (2, 13, 8, 6)
+
+
+class NeckC3(Neck):
+    """YOLOv5's C3 after the neck step: two 1x1 convs read the same concatenation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cv2 = nn.Conv2d(51, 9, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(9)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cat = torch.cat([self.up(F.relu(self.deep(x))), self.skip(x)], 1)
+        return torch.cat([F.silu(self.bn(self.cv1(cat))), F.silu(self.bn2(self.cv2(cat)))], 1)
+
+
+@pytest.mark.parametrize("backend", ["torch", "interpret"])
+def test_two_convs_read_one_virtual_concatenation(backend: str) -> None:
+    model, x = randomize_batchnorm(NeckC3()).eval(), torch.randn(2, 5, 14, 10)
+    fast = fuser.optimize(model, (x,), precision="ieee", backend=backend)
+    assert len(_kinds(fast, "virtual_cat")) == 1 and not _kinds(fast, "virtual_cat_kept"), str(fast.fusion_report)
+    assert _nodes(fast, F.interpolate) == 0
+    nodes = next(m for m in fast.modules() if isinstance(m, torch.fx.GraphModule)).graph.nodes
+    assert sum(n.kwargs.get("upsample") == 2 for n in nodes) == 2, "both convs read the virtual input"
+    with torch.no_grad():
+        assert_close(fast(x), reference64(model, x), "ieee", backend)
+
+
+def test_layer_errors_rerun_the_virtual_input() -> None:
+    """The per-layer float64 re-runs (fuser.verify, fuser.diagnose) give a virtual-input conv its cat_with."""
+    from fuser.diagnose import layer_errors
+
+    model, x = randomize_batchnorm(NeckC3()).eval(), torch.randn(2, 5, 14, 10)
+    fast = fuser.optimize(model, (x,), precision="ieee", backend="interpret")
+    errors = layer_errors(fast, x)
+    assert len(errors) == 3 and all(e.rel_error < 1e-5 for e in errors), errors  # deep, cv1, cv2
+    result = fuser.verify(model, fast, (x,))
+    assert result.ok and len(result.layers) == 3 and all(c.own_error < 1e-5 for c in result.layers), str(result)

@@ -1,0 +1,219 @@
+"""Capture of models that do not trace as a whole: a failing submodule becomes a leaf, splits can be iterated.
+
+The routed model copies the structure of ultralytics' DetectionModel: a forward that routes the outputs of
+``self.layers`` by each layer's ``f`` (traceable Python), blocks that iterate ``list(x.chunk(2, 1))`` as
+ultralytics' C2f does, a neck that upsamples and concatenates across blocks, and a head that branches on a
+shape (untraceable in its own code). Everything but the head must be one graph, so that the rewrites that
+span blocks (the neck's virtual concatenation, cat buffers) see it.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from accuracy import assert_close, reference64
+from torch import nn
+from toy_models import ConvBnAct, seeded
+
+import fuser
+from fuser.capture.tracing import capture, split_count, trace, trace_around_failures
+
+
+class ChunkBlock(nn.Module):
+    """ultralytics' C2f: conv, ``list(chunk(2, 1))``, a residual conv on the last piece, cat, conv."""
+
+    def __init__(self, c_in: int, c: int, c_out: int) -> None:
+        super().__init__()
+        self.cv1 = ConvBnAct(nn.SiLU(), c_in, 2 * c, kernel_size=1, padding=0)
+        self.m = nn.ModuleList([ConvBnAct(nn.SiLU(), c, c)])
+        self.cv2 = ConvBnAct(nn.SiLU(), 3 * c, c_out, kernel_size=1, padding=0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = list(self.cv1(x).chunk(2, 1))
+        y.extend(y[-1] + m(y[-1]) for m in self.m)
+        return self.cv2(torch.cat(y, 1))
+
+
+class Cat(nn.Module):
+    def forward(self, x: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(x, 1)
+
+
+class ShapeHead(nn.Module):
+    """Remembers the input shape it last saw (untraceable: it compares shapes), around a traceable conv."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.conv = ConvBnAct(nn.ReLU(), c, 5)
+        self.shape: torch.Size | None = None
+
+    def forward(self, x: list[torch.Tensor]) -> torch.Tensor:
+        if self.shape != x[0].shape:
+            self.shape = x[0].shape
+        return self.conv(x[0]).mean((2, 3)) + x[1].mean((2, 3))[:, :5]
+
+
+def _layer(module: nn.Module, f: int | list[int]) -> nn.Module:
+    module.f = f
+    return module
+
+
+class Routed(nn.Module):
+    """``forward(x, *args, **kwargs)`` routing ``self.layers`` by ``m.f`` and keeping the outputs ``save``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(
+            _layer(ConvBnAct(nn.SiLU(), 3, 16, stride=2), -1),  # 0
+            _layer(ChunkBlock(16, 5, 16), -1),  # 1
+            _layer(ConvBnAct(nn.SiLU(), 16, 16, stride=2), -1),  # 2
+            _layer(nn.Upsample(scale_factor=2, mode="nearest"), -1),  # 3
+            _layer(Cat(), [-1, 1]),  # 4: cat(upsample(2), 1)
+            _layer(ChunkBlock(32, 7, 13), -1),  # 5
+            _layer(ShapeHead(13), [5, 2]),  # 6
+        )
+        self.save = {1, 2, 5}
+
+    def forward(self, x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        y: list[torch.Tensor | None] = []
+        for i, m in enumerate(self.layers):
+            if m.f != -1:
+                x = y[m.f] if isinstance(m.f, int) else [x if j == -1 else y[j] for j in m.f]
+            x = m(x)
+            y.append(x if i in self.save else None)
+        return x
+
+
+def test_a_failing_submodule_becomes_a_leaf_and_the_rest_is_one_graph():
+    captured = capture(seeded(Routed()))
+    assert [g.path for g in captured.graphs] == ["", "layers.6.conv"]
+    assert [(u.path, u.type_name) for u in captured.untraced] == [("layers.6", "ShapeHead")]
+    assert "branches on a computed value" in captured.untraced[0].reason
+    root = captured.graphs[0].gm
+    leaves = [n.target for n in root.graph.nodes if n.op == "call_module" and n.target.startswith("layers.6")]
+    assert leaves == ["layers.6"], "the head is called as one module"
+    assert sum(n.target is torch.cat for n in root.graph.nodes) == 3, "both blocks' cats and the neck's"
+
+
+def test_routed_model_is_optimized_across_its_blocks():
+    model = seeded(Routed())
+    before = copy.deepcopy(model.state_dict())
+    x = torch.randn(2, 3, 20, 28)
+    fast = fuser.optimize(model, (x,), backend="interpret", precision="ieee")
+    report = fast.fusion_report
+    kinds = [(r.kind, r.location) for r in report.rewrites]
+    assert ("virtual_cat", "layers.4") in kinds, str(report)
+    assert ("cat_buffer", "layers.1") in kinds and ("cat_buffer", "layers.5") in kinds, str(report)
+    assert len(report.fused) == 9, str(report)  # every conv -> BN -> act, the head's included
+    with torch.no_grad():
+        first = fast(x)
+        kept = first.clone()
+        second = fast(torch.randn_like(x))
+    assert torch.equal(first, kept), "a later call overwrote the result of an earlier one"
+    assert not torch.equal(first, second)
+    assert_close(first, reference64(model, x), "ieee", "routed")
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items()), "the user's model changed"
+    assert model.layers[6].shape is None, "the example run happened on a copy"
+
+
+class Splits(nn.Module):
+    """Iterates a chunk, a split by sizes and a tensor_split, as plain torch.fx cannot."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = sum(list(x.chunk(3, 1)))
+        b = torch.stack([*torch.split(x, [2, 4], dim=1)][::-1][0].unbind(0))
+        c = [t.relu() for t in x.tensor_split(2, dim=2)]
+        return a.sum() + b.sum() + torch.cat(c, 2).sum() * len(c)
+
+
+def test_splits_of_known_count_can_be_iterated():
+    gm = trace(Splits())
+    counts = sorted(split_count(n) for n in gm.graph.nodes if split_count(n) is not None)
+    assert counts == [2, 2, 3]
+    x = torch.randn(3, 6, 5, 7)
+    assert torch.allclose(gm(x), Splits()(x))
+    assert not fuser.explain(Splits(), (x,)).untraced
+
+
+class ShortChunk(nn.Module):
+    """chunk(4) along a dimension of 3: torch returns 3 pieces, the trace takes 4."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = ConvBnAct(nn.SiLU(), 3, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat(list(F.silu(x).chunk(4, 2)), 3) + self.block(x).sum()
+
+
+def test_a_chunk_with_fewer_pieces_than_traced_leaves_the_graph_unoptimized():
+    model = seeded(ShortChunk())
+    x = torch.randn(2, 3, 3, 5)
+    fast = fuser.optimize(model, (x,), backend="torch")
+    (entry,) = fast.fusion_report.untraced
+    assert entry.path == "(model)" and "traced graph fails where its forward runs" in entry.reason
+    assert "returned 3 pieces, the trace took 4" in entry.detail
+    with torch.no_grad():
+        assert_close(fast(x), reference64(model, x), "ieee", "short chunk")
+
+
+def test_forward_with_varargs_is_traced_as_called_with_its_named_parameters():
+    gm, leaves = trace_around_failures(Routed())
+    assert [name for name, _ in leaves] == ["layers.6"]
+    assert [n.target for n in gm.graph.nodes if n.op == "placeholder"] == ["x"]
+
+
+@pytest.mark.parametrize("leaf_limit", [0, 1])
+def test_too_many_failing_submodules_fall_back_to_the_children(monkeypatch, leaf_limit):
+    import fuser.capture.tracing as tracing
+
+    monkeypatch.setattr(tracing, "MAX_LEAVES", leaf_limit)
+    captured = capture(seeded(Routed()))
+    paths = [g.path for g in captured.graphs]
+    if leaf_limit == 0:
+        assert "" not in paths and "layers.1" in paths, paths
+        assert captured.untraced[0].path == "(model)"
+    else:
+        assert paths == ["", "layers.6.conv"]
+
+
+class IteratesItsLayers(nn.Module):
+    """Iterates ``self.layers`` (never calls it) and checks a value (untraceable in its own code); the
+    Sequential itself traces, with the head as a leaf, into a graph that nothing runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(ConvBnAct(nn.SiLU(), 3, 8), ConvBnAct(nn.SiLU(), 8, 8), _Pair(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skip = x
+        for i, m in enumerate(self.layers):
+            x = m([x, skip]) if i == 2 else m(x)
+        return x if bool(x.isfinite().all()) else x.nan_to_num()
+
+
+class _Pair(nn.Module):
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.conv = ConvBnAct(nn.ReLU(), c, c)
+
+    def forward(self, x: list[torch.Tensor]) -> torch.Tensor:
+        if x[0].shape[1] != 8:  # untraceable
+            raise ValueError("8 channels")
+        return self.conv(x[0]) + x[1].mean()
+
+
+def test_a_module_whose_forward_never_runs_is_replaced_by_its_children():
+    model = seeded(IteratesItsLayers())
+    x = torch.randn(2, 3, 9, 7)
+    fast = fuser.optimize(model, (x,), backend="torch")
+    report = fast.fusion_report
+    entries = {u.path: u.reason for u in report.untraced}
+    assert "forward does not run when the model runs" in entries["layers"], entries
+    assert sorted(e.graph for e in report.fused) == ["layers.0", "layers.1", "layers.2.conv"], str(report)
+    assert [type(m).__name__ for m in fast.module.layers] == ["ConvBnAct", "ConvBnAct", "_Pair"]
+    with torch.no_grad():
+        assert_close(fast(x), reference64(model, x), "ieee", "iterated layers")
