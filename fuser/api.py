@@ -283,7 +283,9 @@ def _run_pipeline(
                 mark_tf32_rounded_outputs(graph.gm)
                 compensate_truncated_inputs(graph.gm)
                 rewrites += fuse_virtual_cats(graph.gm) + eliminate_cats(graph.gm) + fold_input_scales(graph.gm)
-                rewrites += fold_batch_norms_forward(graph.gm, policy, backend)
+            if rewrite:  # also where no chain was fused: a BatchNorm before a lone conv fuses that conv
+                folds = fold_batch_norms_forward(graph.gm, policy, backend)
+                rewrites, rewritten = rewrites + folds, rewritten or any(r.eliminated for r in folds)
                 entries = settle_batch_norms(entries, rewrites)
         except Exception as error:  # never fail the user's model over one graph: leave it as it was
             if strict():

@@ -3,6 +3,10 @@
     y = gamma * (conv(x, W) + b - mean) / sqrt(var + eps) + beta
       = conv(x, W * s) + (b - mean) * s + beta,         s = gamma / sqrt(var + eps)
 
+A BatchNorm *before* a layer without padding folds the other way (:func:`fold_batchnorm_before`, used by
+fuser.rewrite.batchnorm_prologue): ``layer(bn(x)) = layer'(x)`` with ``W' = W * s`` along the layer's input
+and ``b' = b + W t``.
+
 The arithmetic runs in float64 and the results are cast to the conv weight's dtype at the end, so folding
 adds no rounding beyond that one cast. The inputs are never modified: the results are new tensors.
 """
