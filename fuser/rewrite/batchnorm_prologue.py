@@ -159,8 +159,8 @@ def _read(node: fx.Node, gm: fx.GraphModule, precision: Precision, backend: str)
             return layer
     module, lone = _fused_layer(layer, gm, precision, backend)
     if isinstance(module, str):
-        after = "" if act_node is None else f" -> {describe_node(act_node)}"
-        return f"it{after} feeds {module}"
+        what = "it" if act_node is None else f"its activation {describe_node(act_node)}"
+        return f"{what} feeds {module}"
     into_weights = act_node is None and (
         isinstance(module, FusedLinear) or (module.groups == 1 and not any(module.padding))
     )
