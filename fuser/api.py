@@ -28,7 +28,8 @@ from fuser.lower import ops
 from fuser.match.chain import Chain
 from fuser.match.matcher import find_chains
 from fuser.match.patterns import FUSED_LINEAR
-from fuser.report import ChainReport, FusionReport
+from fuser.report import ChainReport, FusionReport, settle_batch_norms
+from fuser.rewrite.batchnorm_prologue import fold_batch_norms_forward
 from fuser.rewrite.cat_buffers import eliminate_cats
 from fuser.rewrite.chains import rewrite_chains
 from fuser.rewrite.channel_mean import fuse_channel_means
@@ -284,6 +285,10 @@ def _run_pipeline(
                 mark_tf32_rounded_outputs(graph.gm)
                 compensate_truncated_inputs(graph.gm)
                 rewrites += fuse_virtual_cats(graph.gm) + eliminate_cats(graph.gm) + fold_input_scales(graph.gm)
+            if rewrite:  # also where no chain was fused: a BatchNorm before a lone conv fuses that conv
+                folds = fold_batch_norms_forward(graph.gm, policy, backend)
+                rewrites, rewritten = rewrites + folds, rewritten or any(r.eliminated for r in folds)
+                entries = settle_batch_norms(entries, rewrites)
         except Exception as error:  # never fail the user's model over one graph: leave it as it was
             if strict():
                 raise

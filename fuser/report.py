@@ -75,6 +75,32 @@ class GraphRewrite:
     eliminated: list[str] = field(default_factory=list)
 
 
+# The kinds of graph rewrite (fuser.rewrite.batchnorm_prologue) of a BatchNorm outside the chains: folded into
+# the operand prologue or the weights of the layer after it (the optimized model no longer runs it), or kept.
+BATCH_NORM_PROLOGUE = "batch_norm_prologue"
+BATCH_NORM_INTO_WEIGHTS = "batch_norm_into_weights"
+BATCH_NORM_FOLDS = (BATCH_NORM_PROLOGUE, BATCH_NORM_INTO_WEIGHTS)
+BATCH_NORM_KEPT = "batch_norm_kept"
+
+
+def settle_batch_norms(entries: list[ChainReport], rewrites: list[GraphRewrite]) -> list[ChainReport]:
+    """One graph's entries after the passes that fold BatchNorms outside the chains
+    (fuser.rewrite.batchnorm_prologue): the matcher's entry for a lone BatchNorm that one of them then removed
+    (:data:`BATCH_NORM_FOLDS`) is dropped, and one that stayed gets the pass's reason as well
+    (:data:`BATCH_NORM_KEPT`, matched by module)."""
+    gone = {n for r in rewrites if r.kind in BATCH_NORM_FOLDS for n in r.eliminated}
+    kept = {r.location: r.detail for r in rewrites if r.kind == BATCH_NORM_KEPT}
+    settled = []
+    for e in entries:
+        lone = e.pattern == "batch_norm" and not e.fused
+        if lone and e.nodes[0] in gone:
+            continue
+        if lone and e.modules and e.modules[0] in kept and e.reason and kept[e.modules[0]] not in e.reason:
+            e.reason = f"{e.reason}; {kept[e.modules[0]]}"
+        settled.append(e)
+    return settled
+
+
 @dataclass
 class SkippedRewrite:
     """A candidate for such a fusion that stays as it is, and why (a detect head that overrides its tail)."""

@@ -42,6 +42,7 @@ from .launch import (
     check_bias,
     check_device,
     check_float,
+    check_input_affine,
     check_input_scale,
     check_out,
     check_path,
@@ -56,12 +57,11 @@ from .packing import PackedConvWeight
 from .precision import dot_acc
 from .splitk import SplitReduce, split_k_candidates
 from .tiles import (
-    PROLOGUE_CHANNEL_SCALE,
-    PROLOGUE_NONE,
     decode_rows,
     finish_tile,
     grouped_tile,
     load_operand,
+    prologue_code,
     row_offsets,
     split_range,
     virtual_cat_pointers,
@@ -313,6 +313,8 @@ def conv2d_act(
     input_scale: torch.Tensor | None = None,
     cat_with: torch.Tensor | None = None,
     upsample: int = 1,
+    input_affine: torch.Tensor | None = None,
+    input_act: int = 0,
 ) -> torch.Tensor:
     """``epilogue(conv2d(x, W) + bias)`` in one kernel; returns ``[N, C_out, OH, OW]``, channels_last.
 
@@ -332,13 +334,17 @@ def conv2d_act(
     cat_with], 1)`` (YOLO's neck), which is never materialized: the implicit-GEMM gather reads channel blocks
     of ``x`` at ``(h // upsample, w // upsample)`` and of ``cat_with`` at ``(h, w)``, 1x1 convs included.
     ``x``'s channel count must be a multiple of ``VIRTUAL_CAT_ALIGN`` and the conv ungrouped.
+    ``input_affine`` ``[C_in, 2]`` (float32 columns scale ``s`` and shift ``t``: a BatchNorm's) with ``input_act``
+    (an :class:`Activation` without a parameter) computes ``conv2d(act(x * s + t))``, applied as the kernel
+    loads ``x``, the padding zeros those of the activated input (DenseNet's BN -> ReLU -> conv); not with an
+    ``input_scale``, and not on the direct kernel.
     """
     plan = conv2d_act_plan(
         x, weight, bias, stride=stride, padding=padding, dilation=dilation, epilogue=epilogue, residual=residual,
         out=out, interpret=interpret, path=path, tile=tile, input_scale=input_scale, cat_with=cat_with,
-        upsample=upsample,
+        upsample=upsample, input_affine=input_affine, input_act=input_act,
     )  # fmt: skip
-    return plan(x, weight.data, bias, residual, out, input_scale, cat_with)
+    return plan(x, weight.data, bias, residual, out, input_scale, cat_with, input_affine)
 
 
 def conv2d_act_plan(
@@ -358,11 +364,13 @@ def conv2d_act_plan(
     input_scale: torch.Tensor | None = None,
     cat_with: torch.Tensor | None = None,
     upsample: int = 1,
+    input_affine: torch.Tensor | None = None,
+    input_act: int = 0,
 ) -> Callable[..., torch.Tensor]:
     """The launch plan of :func:`conv2d_act` for calls like this one: ``plan(x, weight.data, bias, residual)``,
     or ``plan(x, weight.data, bias, residual, out)`` for a plan made with an ``out``, and
-    ``plan(x, weight.data, bias, residual, out, input_scale, cat_with)`` for one made with an
-    ``input_scale`` or a ``cat_with``.
+    ``plan(x, weight.data, bias, residual, out, input_scale, cat_with, input_affine)`` for one made with an
+    ``input_scale``, a ``cat_with`` or an ``input_affine``.
 
     Valid for any tensors with the same shapes, strides, dtypes, devices and 16-byte alignment as the
     example ones. A caller that makes the same call many times (a fused module) keeps the plan and skips
@@ -372,11 +380,11 @@ def conv2d_act_plan(
         tensor_meta(x), tensor_meta(weight.data), weight.out_channels, weight.in_channels, weight.kernel_size,
         weight.groups, weight.precision, tensor_meta(bias), tensor_meta(residual), tensor_meta(out), stride,
         padding, dilation, epilogue, interpret, path, tile, tensor_meta(input_scale), tensor_meta(cat_with),
-        upsample,
+        upsample, tensor_meta(input_affine), input_act,
     )  # fmt: skip
     build = lambda: _plan_conv(
         x, weight, bias, stride, padding, dilation, epilogue, residual, out, interpret, path, tile, input_scale,
-        cat_with, upsample,
+        cat_with, upsample, input_affine, input_act,
     )  # fmt: skip
     return _plans.get(key, build)
 
@@ -397,6 +405,8 @@ def _plan_conv(
     input_scale: torch.Tensor | None = None,
     cat_with: torch.Tensor | None = None,
     upsample: int = 1,
+    input_affine: torch.Tensor | None = None,
+    input_act: int = 0,
 ) -> Callable[..., torch.Tensor]:
     """Check one call's inputs (clear errors), pick the kernel (conv_choice.py) and build the plan for
     calls like it."""
@@ -428,10 +438,15 @@ def _plan_conv(
             f"{h}x{w} input: output would be {oh}x{ow}"
         )
     tensors = {"x": x, "weight": weight.data, "bias": bias, "residual": residual, "out": out}
-    device = check_device(op, interpret, {**tensors, "input_scale": input_scale, "cat_with": cat_with})
+    optional = {"input_scale": input_scale, "cat_with": cat_with, "input_affine": input_affine}
+    device = check_device(op, interpret, {**tensors, **optional})
     x_dtype = x.dtype  # the plan keeps no tensor of the call it was made for (a CUDA-graph pool's, say)
+    if input_scale is not None and input_affine is not None:
+        raise ValueError(f"{op}: input_scale and input_affine both transform x as it is loaded; give one")
     scale_rows = lambda t: check_input_scale(op, t, n, c_in, x_dtype)
-    scale2 = scale_rows(input_scale)
+    affine_rows = lambda t: check_input_affine(op, t, input_act, n, c_in, device)
+    scale2 = scale_rows(input_scale) if input_affine is None else affine_rows(input_affine)
+    affine_act = None if input_affine is None else input_act
     bias32 = check_bias(op, bias, c_out)
     convert_bias = bias32 is not None and bias32 is not bias
     out4 = (n, c_out, oh, ow)
@@ -441,7 +456,9 @@ def _plan_conv(
     example = new_out() if out is None else out
     row_stride = check_out(op, example, out4, dtype, device, 1).stride(0)
     if example.numel() == 0:
-        return lambda x, w, bias, residual, out=None, input_scale=None, cat_with=None: new_out() if out is None else out
+        return lambda x, w, bias, residual, out=None, input_scale=None, cat_with=None, input_affine=None: (
+            new_out() if out is None else out
+        )
     # NHWC view with the strides the kernels assume (size-1 dimensions may have had any)
     nhwc = lambda t: t.as_strided((n, oh, ow, c_out), (oh * ow * row_stride, ow * row_stride, row_stride, 1))
     out_nhwc = nhwc(example)
@@ -454,8 +471,9 @@ def _plan_conv(
             f"(C_in={c_in}, groups={groups}); it reads through pointers"
         )
     if scale2 is not None and kernel == ConvKernel.DIRECT:
+        what = "input_scale" if input_affine is None else "input_affine"
         raise ValueError(
-            f"{op}: input_scale is not supported by the direct conv kernel (C_in={c_in}, groups={groups}: at most "
+            f"{op}: {what} is not supported by the direct conv kernel (C_in={c_in}, groups={groups}: at most "
             "4 input channels per group); scale the input first"
         )
     if cat_with is not None:
@@ -469,7 +487,7 @@ def _plan_conv(
     precision = weight.precision
     if kernel == ConvKernel.DEPTHWISE:
         run = prepare_depthwise(x, weight.data, (kh, kw), bias32, epilogue, res4, out_nhwc, stride, padding,
-                                dilation, interpret, precision.value, tile, scale2)  # fmt: skip
+                                dilation, interpret, precision.value, tile, scale2, affine_act)  # fmt: skip
     elif kernel == ConvKernel.DIRECT:
         run = prepare_direct(x, weight.data, c_out, groups, (kh, kw), bias32, epilogue, res4, out_nhwc,
                              stride, padding, dilation, interpret, precision.value, tile)  # fmt: skip
@@ -479,11 +497,11 @@ def _plan_conv(
         as_output = lambda t: t.as_strided((n * h * w, c_out), (t.stride(2), 1))
         res3 = None if res4 is None else as_residual(res4)
         run = prepare_gemm(op, as_input(x), weight.data, c_out, precision, bias32, epilogue, res3,
-                           as_output(out_nhwc), interpret, path, tile, scale2)  # fmt: skip
+                           as_output(out_nhwc), interpret, path, tile, scale2, affine_act)  # fmt: skip
     else:
         virtual = None if cat_with is None else (cat_with, upsample)
         run = prepare_implicit_gemm(op, x, weight, bias32, epilogue, res4, out_nhwc, stride, padding, dilation,
-                                    interpret, path, tile, scale2, virtual)  # fmt: skip
+                                    interpret, path, tile, scale2, virtual, affine_act)  # fmt: skip
 
     def plan(
         x: torch.Tensor,
@@ -493,16 +511,20 @@ def _plan_conv(
         out: torch.Tensor | None = None,
         input_scale: torch.Tensor | None = None,
         cat_with: torch.Tensor | None = None,
+        input_affine: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if out is None:
             out = new_out()
         res = None if residual is None else as_residual(residual.expand(out4))
         bias = bias.float().contiguous() if convert_bias else bias
-        if cat_with is not None:
+        if input_affine is not None:
+            scale2 = affine_rows(input_affine)
+        else:
             scale2 = None if input_scale is None else scale_rows(input_scale)
+        if cat_with is not None:
             run(x, w, bias, res, nhwc(out), scale2, cat_with)  # the implicit GEMM: no views of the sources
-        elif input_scale is not None:
-            run(as_input(x), w, bias, res, as_output(nhwc(out)), scale_rows(input_scale))
+        elif scale2 is not None:
+            run(as_input(x), w, bias, res, as_output(nhwc(out)), scale2)
         else:
             run(as_input(x), w, bias, res, as_output(nhwc(out)))
         return out
@@ -562,11 +584,13 @@ def prepare_implicit_gemm(
     tile: TileConfig | None = None,
     scale2: torch.Tensor | None = None,
     virtual: tuple[torch.Tensor, int] | None = None,
+    affine_act: int | None = None,
 ) -> Callable[..., Any]:
     """Choose path and tile for checked example inputs; return ``run(x, w, bias32, res4, out_nhwc,
     scale2=None, x2=None)`` for every call of the same signature (``out_nhwc [N, OH, OW, C_out]``, unit
     channel stride, pixels as rows of one stride ``out_nhwc.stride(2)``; ``scale2 [N, C_in]`` the
-    channel-scale prologue's factors, tiles.py). ``virtual = (b, up)``: the conv's input is
+    channel-scale prologue's factors, tiles.py, or with ``affine_act`` the scales of the affine prologue's
+    pairs). ``virtual = (b, up)``: the conv's input is
     ``cat([upsample_nearest(x, up), b], 1)``, read from ``x`` and ``x2 = b`` without being materialized;
     ``x``'s channel count must be a multiple of 16 (each channel block then reads one source)."""
     n, c_in, h, w = x.shape
@@ -622,7 +646,7 @@ def prepare_implicit_gemm(
         "RESIDUAL": int(epilogue.residual),
         "HAS_SCALE": epilogue.scale != 1.0,
         "ROUND_TF32": epilogue.round_tf32,
-        "PROLOGUE": int(PROLOGUE_NONE if scale2 is None else PROLOGUE_CHANNEL_SCALE),
+        "PROLOGUE": prologue_code(scale2, affine_act),
         "DOT_PRECISION": dot_precision(precision, w_data.dtype),
         "UPCAST": interpret,
         "USE_DESC": use_desc,

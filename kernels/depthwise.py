@@ -20,11 +20,10 @@ from .epilogue import Epilogue
 from .launch import KernelCall, alignment_unit, cdiv, choose_tile
 from .splitk import SM_COUNT
 from .tiles import (
-    PROLOGUE_CHANNEL_SCALE,
-    PROLOGUE_NONE,
     decode_rows,
     epilogue_tile,
     load_operand,
+    prologue_code,
     row_offsets,
     store_tile,
 )
@@ -178,11 +177,13 @@ def prepare_depthwise(
     precision_name: str,
     tile: TileConfig | None = None,
     scale2: torch.Tensor | None = None,
+    affine_act: int | None = None,
 ) -> Callable[..., Any]:
     """Choose the tile for checked example inputs; return ``run(x, w, bias32, res4, out, scale2=None)`` for
     every call of the same signature. ``out`` is ``[N, OH, OW, C]`` NHWC with unit channel stride and pixels
     as rows of one stride (``out.stride(2)``), ``res4`` the residual expanded to ``[N, C, OH, OW]``,
-    ``scale2 [N, C]`` the channel-scale prologue's factors (tiles.py)."""
+    ``scale2 [N, C]`` the channel-scale prologue's factors (tiles.py), or with ``affine_act`` (an activation)
+    the scales of the affine prologue's pairs."""
     n, c, h, wd = x.shape
     _, oh, ow, _ = out.shape
     m = n * oh * ow
@@ -207,7 +208,7 @@ def prepare_depthwise(
         "RESIDUAL": int(epilogue.residual),
         "HAS_SCALE": epilogue.scale != 1.0,
         "ROUND_TF32": epilogue.round_tf32,
-        "PROLOGUE": int(PROLOGUE_NONE if scale2 is None else PROLOGUE_CHANNEL_SCALE),
+        "PROLOGUE": prologue_code(scale2, affine_act),
         "VEC": vec,
         "UNROLL_TAPS": kernel_size[0] * kernel_size[1] <= UNROLL_MAX_TAPS,
     }

@@ -25,6 +25,7 @@ from .launch import (
     check_bias,
     check_device,
     check_float,
+    check_input_affine,
     check_input_scale,
     check_out,
     check_path,
@@ -39,13 +40,12 @@ from .packing import PackedGemmWeight
 from .precision import Precision, dot_acc
 from .splitk import SplitReduce, split_k_candidates
 from .tiles import (
-    PROLOGUE_CHANNEL_SCALE,
-    PROLOGUE_NONE,
     decode_rows,
     finish_tile,
     grouped_tile,
     load_operand,
     operand_prologue,
+    prologue_code,
     row_offsets,
     split_range,
 )
@@ -179,6 +179,7 @@ def prepare_gemm(
     path: str,
     tile: TileConfig | None = None,
     scale2: torch.Tensor | None = None,
+    affine_act: int | None = None,
 ) -> Callable[..., Any]:
     """Choose the path and the tile for checked example inputs and return
     ``run(a3, w, bias32, res3, out2, scale2=None)``, which launches the kernel on any tensors of the same
@@ -187,7 +188,8 @@ def prepare_gemm(
     ``a3 [B, S, K]`` has any strides, ``w`` is ``[N, K_pad]``, ``res3 [B, S, N]`` any strides (None
     without a residual), ``out2 [B * S, N]`` unit channel stride and any row stride. ``scale2 [B, K]``
     (any strides, 0 to broadcast) multiplies A's elements as they are loaded: ``(a3 * scale2[:, None]) @
-    W^T`` (the channel-scale prologue, tiles.py). The first call measures the tile candidates unless
+    W^T`` (the channel-scale prologue, tiles.py); with ``affine_act`` (an activation) they are the scales of the
+    affine prologue's pairs instead: ``act(a3 * s + t) @ W^T``. The first call measures the tile candidates unless
     ``tile`` forces one.
     """
     b, s, k = a3.shape
@@ -219,7 +221,7 @@ def prepare_gemm(
         "RESIDUAL": int(epilogue.residual),
         "HAS_SCALE": epilogue.scale != 1.0,
         "ROUND_TF32": epilogue.round_tf32,
-        "PROLOGUE": int(PROLOGUE_NONE if scale2 is None else PROLOGUE_CHANNEL_SCALE),
+        "PROLOGUE": prologue_code(scale2, affine_act),
         "DOT_PRECISION": dot_precision(precision, w.dtype),
         "UPCAST": interpret,
         "USE_DESC": use_desc,
@@ -292,6 +294,8 @@ def gemm_act(
     path: str = "auto",
     tile: TileConfig | None = None,
     input_scale: torch.Tensor | None = None,
+    input_affine: torch.Tensor | None = None,
+    input_act: int = 0,
 ) -> torch.Tensor:
     """``epilogue(a @ W^T + bias)`` for ``a`` of shape ``[..., K]`` (2-D or 3-D, any strides).
 
@@ -303,12 +307,14 @@ def gemm_act(
     ``path`` forces the tensor-descriptor or the pointer path and ``tile`` a tile config (tests).
     ``input_scale`` ``[B or 1, K]`` (``B = a.shape[0]`` for a 3-D ``a``, 1 for a 2-D one) computes
     ``(a * input_scale[:, None]) @ W^T`` instead, the product formed as A is loaded, never stored.
+    ``input_affine`` ``[K, 2]`` (float32 columns scale ``s`` and shift ``t``, a BatchNorm's) with ``input_act``
+    (an :class:`Activation` without a parameter) computes ``act(a * s + t) @ W^T`` the same way.
     """
     plan = gemm_act_plan(
         a, weight, bias, epilogue=epilogue, residual=residual, out=out, interpret=interpret, path=path, tile=tile,
-        input_scale=input_scale,
+        input_scale=input_scale, input_affine=input_affine, input_act=input_act,
     )  # fmt: skip
-    return plan(a, weight.data, bias, residual, out, input_scale)
+    return plan(a, weight.data, bias, residual, out, input_scale, input_affine)
 
 
 def gemm_act_plan(
@@ -323,10 +329,13 @@ def gemm_act_plan(
     path: str = "auto",
     tile: TileConfig | None = None,
     input_scale: torch.Tensor | None = None,
+    input_affine: torch.Tensor | None = None,
+    input_act: int = 0,
 ) -> Callable[..., torch.Tensor]:
     """The launch plan of :func:`gemm_act` for calls like this one: ``plan(a, weight.data, bias, residual)``,
     or ``plan(a, weight.data, bias, residual, out)`` for a plan made with an ``out``, and
-    ``plan(a, weight.data, bias, residual, out, input_scale)`` for one made with an ``input_scale``.
+    ``plan(a, weight.data, bias, residual, out, input_scale, input_affine)`` for one made with an
+    ``input_scale`` or an ``input_affine``.
 
     Valid for any tensors with the same shapes, strides, dtypes, devices and 16-byte alignment as the
     example ones (see :func:`fuser.kernels.conv.conv2d_act_plan`).
@@ -334,9 +343,11 @@ def gemm_act_plan(
     key = lambda: (
         tensor_meta(a), tensor_meta(weight.data), weight.out_features, weight.in_features, weight.precision,
         tensor_meta(bias), tensor_meta(residual), tensor_meta(out), epilogue, interpret, path, tile,
-        tensor_meta(input_scale),
+        tensor_meta(input_scale), tensor_meta(input_affine), input_act,
     )  # fmt: skip
-    build = lambda: _plan_gemm(a, weight, bias, epilogue, residual, out, interpret, path, tile, input_scale)
+    build = lambda: _plan_gemm(
+        a, weight, bias, epilogue, residual, out, interpret, path, tile, input_scale, input_affine, input_act
+    )
     return _plans.get(key, build)
 
 
@@ -351,6 +362,8 @@ def _plan_gemm(
     path: str,
     tile: TileConfig | None,
     input_scale: torch.Tensor | None = None,
+    input_affine: torch.Tensor | None = None,
+    input_act: int = 0,
 ) -> Callable[..., torch.Tensor]:
     """Check one call's inputs (clear errors) and build the plan that serves every call like it."""
     op = "gemm_act"
@@ -365,11 +378,15 @@ def _plan_gemm(
     if a.shape[-1] != k:
         raise ValueError(f"{op}: a has K={a.shape[-1]} (shape {tuple(a.shape)}) but the weight expects K={k}")
     tensors = {"a": a, "weight": weight.data, "bias": bias, "residual": residual, "out": out}
-    device = check_device(op, interpret, {**tensors, "input_scale": input_scale})
+    device = check_device(op, interpret, {**tensors, "input_scale": input_scale, "input_affine": input_affine})
     batch = a.shape[0] if a.dim() == 3 else 1
     a_dtype = a.dtype  # the plan keeps no tensor of the call it was made for (a CUDA-graph pool's, say)
+    if input_scale is not None and input_affine is not None:
+        raise ValueError(f"{op}: input_scale and input_affine both transform A as it is loaded; give one")
     scale_rows = lambda t: check_input_scale(op, t, batch, k, a_dtype, "a")
-    scale2 = scale_rows(input_scale)
+    affine_rows = lambda t: check_input_affine(op, t, input_act, batch, k, device)
+    scale2 = scale_rows(input_scale) if input_affine is None else affine_rows(input_affine)
+    affine_act = None if input_affine is None else input_act
     bias32 = check_bias(op, bias, n)
     convert_bias = bias32 is not None and bias32 is not bias
     out_shape = (*a.shape[:-1], n)
@@ -380,13 +397,13 @@ def _plan_gemm(
     rows_shape, rows_stride = tuple(out_rows.shape), out_rows.stride()
     rows = lambda t: t.as_strided(rows_shape, rows_stride)
     if example.numel() == 0:
-        return lambda a, w, bias, residual, out=None, input_scale=None: (
+        return lambda a, w, bias, residual, out=None, input_scale=None, input_affine=None: (
             torch.empty(out_shape, dtype=dtype, device=device) if out is None else out
         )
     to3 = (lambda t: t) if a.dim() == 3 else (lambda t: t.unsqueeze(0))
     res3 = None if res is None else to3(res)
     run = prepare_gemm(op, to3(a), weight.data, n, weight.precision, bias32, epilogue, res3, out_rows,
-                       interpret, path, tile, scale2)  # fmt: skip
+                       interpret, path, tile, scale2, affine_act)  # fmt: skip
 
     def plan(
         a: torch.Tensor,
@@ -395,11 +412,15 @@ def _plan_gemm(
         residual: Any,
         out: torch.Tensor | None = None,
         input_scale: torch.Tensor | None = None,
+        input_affine: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if out is None:
             out = torch.empty(out_shape, dtype=dtype, device=device)
         res3 = None if residual is None else to3(residual.expand(out_shape))
-        scale2 = None if input_scale is None else scale_rows(input_scale)
+        if input_affine is not None:
+            scale2 = affine_rows(input_affine)
+        else:
+            scale2 = None if input_scale is None else scale_rows(input_scale)
         run(to3(a), w, bias.float().contiguous() if convert_bias else bias, res3, rows(out), scale2)
         return out
 

@@ -20,9 +20,11 @@ from triton import knobs
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
+from fuser.activations import spec
+
 from . import autotune
 from .autotune import TileConfig
-from .epilogue import Epilogue, Residual
+from .epilogue import Activation, Epilogue, Residual
 from .interpret import run_interpreted
 from .precision import Precision
 from .tile_heuristic import SM_COUNT
@@ -121,6 +123,29 @@ def check_input_scale(
     if scale.dtype != dtype:
         raise ValueError(f"{op}: input_scale is {scale.dtype} but {what} is {dtype}; they must match")
     return scale.as_strided((batch, channels), (scale.stride(0) if shape[0] > 1 else 0, scale.stride(1)))
+
+
+def check_input_affine(
+    op: str, affine: torch.Tensor | None, act: int, batch: int, channels: int, device: torch.device
+) -> torch.Tensor | None:
+    """The affine prologue's pairs (tiles.py) as the ``[batch, channels]`` view of their scales that the
+    kernels read (stride 0 over the batch, 2 over the channels: each shift follows its scale), from
+    ``affine`` of shape ``[channels, 2]`` (columns scale, shift; float32, contiguous) for activation
+    ``act``, which must take no parameter; None for None."""
+    if affine is None:
+        return None
+    if not isinstance(affine, torch.Tensor) or tuple(affine.shape) != (channels, 2):
+        shape = tuple(affine.shape) if isinstance(affine, torch.Tensor) else type(affine).__name__
+        raise ValueError(
+            f"{op}: input_affine must have shape [{channels}, 2] (scale and shift per channel), got {shape}"
+        )
+    if affine.dtype != torch.float32 or not affine.is_contiguous():
+        raise ValueError(f"{op}: input_affine must be a contiguous float32 tensor, got {affine.dtype}")
+    if affine.device != device:
+        raise ValueError(f"{op}: input_affine is on {affine.device} but x is on {device}")
+    if act not in {int(a) for a in Activation} or spec(act).alpha_arg is not None:
+        raise ValueError(f"{op}: input_act must be an activation without a parameter, got {act!r}")
+    return affine.as_strided((batch, channels), (0, 2))
 
 
 def dot_precision(precision: Precision, operand: torch.dtype) -> str:

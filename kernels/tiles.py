@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .epilogue import apply_epilogue, round_tf32_tile
+from .epilogue import apply_activation, apply_epilogue, round_tf32_tile
 
 
 @triton.jit
@@ -64,19 +64,41 @@ def split_range(total, split, STEP: tl.constexpr, SPLIT_K: tl.constexpr):
 
 # The A operand's prologue, a constexpr of the GEMM-style kernels. CHANNEL_SCALE: every element of A is
 # multiplied by a factor per (image, input channel) as it is loaded: ``conv(x * s)`` for the squeeze-excitation
-# scale ``s [N, C, 1, 1]``, which then never becomes a tensor of x's size.
+# scale ``s [N, C, 1, 1]``, which then never becomes a tensor of x's size. AFFINE + act (an Activation's value
+# added to PROLOGUE_AFFINE): every element becomes ``act(x * s[c] + t[c])``, a BatchNorm and its activation
+# applied as the conv loads its input (DenseNet's BN -> ReLU -> conv); the factors are pairs ``(s, t)``
+# interleaved per channel, the shift one element after the scale.
 PROLOGUE_NONE = tl.constexpr(0)
 PROLOGUE_CHANNEL_SCALE = tl.constexpr(1)
+PROLOGUE_AFFINE = tl.constexpr(16)
+
+
+def prologue_code(factors: object, affine_act: int | None) -> int:
+    """The ``PROLOGUE`` constexpr of a launch: NONE without ``factors``, AFFINE + ``affine_act`` (an
+    :class:`Activation` value) where the factors are an affine prologue's pairs, else CHANNEL_SCALE."""
+    if factors is None:
+        return int(PROLOGUE_NONE)
+    if affine_act is None:
+        return int(PROLOGUE_CHANNEL_SCALE)
+    return int(PROLOGUE_AFFINE) + int(affine_act)
 
 
 @triton.jit
 def operand_prologue(a, ps_ptr, ps_img, ps_chan, mask, PROLOGUE: tl.constexpr):
     """Tile ``a`` of the A operand after its prologue. CHANNEL_SCALE: times the factors at
     ``ps_ptr + ps_img + ps_chan`` (offsets of the image and of the channel, broadcast to ``a``'s shape),
-    multiplied in float32 and rounded back to ``a``'s dtype: what ``x * s`` in ``x``'s dtype gives."""
+    multiplied in float32 and rounded back to ``a``'s dtype: what ``x * s`` in ``x``'s dtype gives.
+    AFFINE + act: ``act(a * s + t)`` in float32 with ``s`` there and ``t`` one element after it, rounded back
+    to ``a``'s dtype; outside ``mask`` (a conv's padding, rows and channels past the end) it stays exactly 0,
+    as the padding of a conv is applied to its input after the activation."""
     if PROLOGUE == PROLOGUE_CHANNEL_SCALE:
         s = tl.load(ps_ptr + ps_img + ps_chan, mask=mask, other=0.0)
         a = (a.to(tl.float32) * s.to(tl.float32)).to(a.dtype)
+    elif PROLOGUE >= PROLOGUE_AFFINE:
+        s = tl.load(ps_ptr + ps_img + ps_chan, mask=mask, other=0.0).to(tl.float32)
+        t = tl.load(ps_ptr + ps_img + ps_chan + 1, mask=mask, other=0.0).to(tl.float32)
+        y = apply_activation(a.to(tl.float32) * s + t, 0.0, PROLOGUE - PROLOGUE_AFFINE)
+        a = tl.where(mask, y, 0.0).to(a.dtype)
     return a
 
 

@@ -67,6 +67,8 @@ def conv2d_call(
     input_scale: torch.Tensor | None = None,
     cat_with: torch.Tensor | None = None,
     upsample: int = 1,
+    input_affine: torch.Tensor | None = None,
+    input_act: int = 0,
 ) -> Call:
     """``call(x, residual, out=None, input_scale=None, cat_with=None)`` computing ``fuser::conv2d_act`` for
     every call shaped like this one.
@@ -78,11 +80,13 @@ def conv2d_call(
     ``residual``. With an example ``input_scale`` the call takes one like it and computes the conv of
     ``x * input_scale`` (the kernels multiply as they load ``x``; see fuser.rewrite.input_scale). With an example
     ``cat_with`` the conv's input is ``cat([upsample_nearest(x, upsample), cat_with], 1)``, which the
-    kernels read without materializing it (fuser.rewrite.virtual_cat)."""
+    kernels read without materializing it (fuser.rewrite.virtual_cat). ``input_affine`` ``[C_in, 2]`` and
+    ``input_act``, constants of the call, make the input ``input_act(x * s + t)`` first, which the kernels
+    apply as they load ``x`` (fuser.rewrite.batchnorm_prologue)."""
     if out is not None and not _fits_output(out, x if cat_with is None else cat_with, weight, geometry):
         fresh = conv2d_call(
             x, weight, bias, residual, packed_weight, geometry, epilogue, precision, backend, None, input_scale,
-            cat_with, upsample,
+            cat_with, upsample, input_affine, input_act,
         )  # fmt: skip
         return lambda x, residual, out=None, input_scale=None, cat_with=None: fresh(
             x, residual, None, input_scale, cat_with
@@ -97,17 +101,22 @@ def conv2d_call(
         input_scale: torch.Tensor | None = None,
         cat_with: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        y = conv2d_reference(x, weight, bias, residual, geometry, epilogue, precision, input_scale, cat_with, upsample)
+        y = conv2d_reference(
+            x, weight, bias, residual, geometry, epilogue, precision, input_scale, cat_with, upsample, input_affine,
+            input_act,
+        )  # fmt: skip
         return _as_output(y, x.dtype, memory_format) if out is None else out.copy_(y)
 
     if chosen == "torch":
         return library
     kernel = kernel_dispatch.conv2d(
         x, weight, bias, residual, packed_weight, geometry, epilogue, precision, interpret=chosen == "interpret",
-        out=out, input_scale=input_scale, cat_with=cat_with, upsample=upsample,
+        out=out, input_scale=input_scale, cat_with=cat_with, upsample=upsample, input_affine=input_affine,
+        input_act=input_act,
     )  # fmt: skip
     extra = ("conv2d", geometry, epilogue, precision.value) + (() if upsample == 1 else (upsample,))
-    optional = tuple(t for t in (input_scale, cat_with) if t is not None)
+    extra += () if input_affine is None else ("input_affine", int(input_act))
+    optional = tuple(t for t in (input_scale, cat_with, input_affine) if t is not None)
     signature = lambda: path_choice.signature(x, weight, residual, *optional, extra=extra)
     return _pick(chosen, kernel, library, signature, x, residual, out, input_scale, cat_with)
 

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from fuser.activations import Activation
 from fuser.kernels.epilogue import Epilogue
 from fuser.kernels.precision import Precision
 from fuser.lower import calls, kernel_dispatch, ops
@@ -104,6 +105,15 @@ class _FusedBase(nn.Module):
         """Replace the epilogue (a graph pass's decision, such as fuser.rewrite.tf32_rounding's), renewing what was
         derived from it: the custom op's arguments and the kept calls."""
         self.epilogue = epilogue
+        self._renew()
+
+    def set_weights(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """Replace the folded weight and bias by new tensors of the same shape (a graph pass folding one more
+        op in, such as fuser.rewrite.batchnorm_prologue's BatchNorm before a linear), renewing the packed copy."""
+        if weight.shape != self.weight.shape or (bias is not None and bias.shape != (weight.shape[0],)):
+            raise ValueError(f"set_weights: expected a weight of shape {tuple(self.weight.shape)} and a bias to match")
+        self._buffers["weight"] = weight.detach()
+        self._buffers["bias"] = None if bias is None else bias.detach()
         self._renew()
 
     def set_tf32_input_gain(self, gain: torch.Tensor | None) -> None:
@@ -244,7 +254,14 @@ class _FusedBase(nn.Module):
 
 
 class FusedConv2d(_FusedBase):
-    """conv2d with BN folded in and the activation / residual add in the epilogue."""
+    """conv2d with BN folded in and the activation / residual add in the epilogue.
+
+    With an input prologue (:meth:`set_input_affine`, fuser.rewrite.batchnorm_prologue) it is the conv of
+    ``input_act(x * s + t)``: the buffer ``input_affine`` ``[C_in, 2]`` holds ``s`` and ``t`` (float32, kept
+    so when the module is cast: they are a BatchNorm's folded constants, applied in float32 by the kernels).
+    """
+
+    input_act: int = 0  # the prologue's Activation value; modules saved before the prologue existed have none
 
     def __init__(
         self,
@@ -264,7 +281,33 @@ class FusedConv2d(_FusedBase):
         if weight.dim() != 4:
             raise ValueError(f"FusedConv2d needs a 4-D weight, got shape {tuple(weight.shape)}")
         self.geometry = ConvGeometry(tuple(stride), tuple(padding), tuple(dilation), groups)  # type: ignore[arg-type]
+        self.register_buffer("input_affine", None)
         self._refresh()
+
+    def set_input_affine(self, affine: torch.Tensor | None, act: int = 0) -> None:
+        """Make this the conv of ``act(x * s + t)`` (``affine`` ``[C_in, 2]``: columns ``s`` and ``t``), or
+        of ``x`` again with None; a new float32 tensor on the weight's device is kept, never ``affine``."""
+        if affine is not None:
+            c_in = self.weight.shape[1] * self.groups
+            if tuple(affine.shape) != (c_in, 2):
+                raise ValueError(f"input_affine must have shape [{c_in}, 2], got {tuple(affine.shape)}")
+            affine = affine.detach().to(self.weight.device, torch.float32, copy=True).contiguous()
+        self._buffers["input_affine"] = affine
+        self.input_act = int(act)
+        self._renew()
+
+    def _apply(self, fn: Any, recurse: bool = True) -> nn.Module:
+        # The prologue's constants follow the module's device, never its dtype (``.half()``): see the class.
+        affine = self._buffers.pop("input_affine", None)
+        module = super()._apply(fn, recurse)
+        if affine is not None:
+            affine = affine.to(fn(torch.empty(0, device=affine.device)).device)
+        self._buffers["input_affine"] = affine  # the calls the base forgot read it when they are made again
+        return module
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("_buffers", {}).setdefault("input_affine", None)
+        super().__setstate__(state)
 
     @property
     def stride(self) -> tuple[int, int]:
@@ -300,7 +343,7 @@ class FusedConv2d(_FusedBase):
         b = self._buffers
         return calls.conv2d_call(
             x, b["weight"], b["bias"], residual, b["packed"], self.geometry, self.epilogue, self.kernel_precision,
-            self.backend, out, input_scale, cat_with, upsample,
+            self.backend, out, input_scale, cat_with, upsample, b["input_affine"], self.input_act,
         )  # fmt: skip
 
     def _reference(
@@ -313,7 +356,7 @@ class FusedConv2d(_FusedBase):
     ) -> torch.Tensor:
         return conv2d_reference(
             x, self.weight, self.bias, residual, self.geometry, self.epilogue, Precision.IEEE, input_scale, cat_with,
-            upsample,
+            upsample, self._buffers["input_affine"], self.input_act,
         )  # fmt: skip
 
     def forward(
@@ -335,11 +378,17 @@ class FusedConv2d(_FusedBase):
             y = self._eager(x, residual, out, input_scale, cat_with, upsample)
             if y is not None:
                 return y
-        if input_scale is None and cat_with is None:
+        affine = self.input_affine
+        if input_scale is None and cat_with is None and affine is None:
             return torch.ops.fuser.conv2d_act(x, self.weight, self.bias, residual, self.packed, *self._op_args)
+        if affine is None:
+            return torch.ops.fuser.conv2d_act(
+                x, self.weight, self.bias, residual, self.packed, *self._op_args, input_scale, cat_with, upsample
+            )
         return torch.ops.fuser.conv2d_act(
-            x, self.weight, self.bias, residual, self.packed, *self._op_args, input_scale, cat_with, upsample
-        )
+            x, self.weight, self.bias, residual, self.packed, *self._op_args, input_scale, cat_with, upsample, affine,
+            self.input_act,
+        )  # fmt: skip
 
     def extra_repr(self) -> str:
         c_out, c_in, kh, kw = self.weight.shape
@@ -347,6 +396,11 @@ class FusedConv2d(_FusedBase):
             f"{c_in * self.groups}, {c_out}, kernel_size=({kh}, {kw}), stride={self.stride}, "
             f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
             f"epilogue='{self.epilogue.describe()}', precision={self.precision.value}, backend={self.backend}"
+            + (
+                ""
+                if self.input_affine is None
+                else f", input prologue={Activation(self.input_act).name.lower()}(x*s+t)"
+            )
         )
 
 

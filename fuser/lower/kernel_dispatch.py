@@ -85,12 +85,15 @@ def conv2d(
     input_scale: torch.Tensor | None = None,
     cat_with: torch.Tensor | None = None,
     upsample: int = 1,
+    input_affine: torch.Tensor | None = None,
+    input_act: int = 0,
 ) -> Call | None:
     """``call(x, residual, out=None, input_scale=None, cat_with=None)`` running the kernel for every call
     shaped like this one, or None. With an example ``out`` it stores into every ``out`` shaped and strided
     like it; with an example ``input_scale`` it computes the conv of ``x * input_scale`` for every
     ``input_scale`` like it; with a ``cat_with``, the conv of ``cat([upsample_nearest(x, upsample),
-    cat_with], 1)`` without materializing it (see :func:`virtual_cat_applies`)."""
+    cat_with], 1)`` without materializing it (see :func:`virtual_cat_applies`). ``input_affine`` (a
+    constant of the call) makes it the conv of ``input_act(x * s + t)`` (see :func:`affine_prologue_applies`)."""
     from fuser import kernels
 
     groups = geometry.groups
@@ -102,6 +105,10 @@ def conv2d(
     if input_scale is not None and not scale_prologue_applies(x, input_scale, weight, geometry, cat_with):
         return None
     if cat_with is not None and not virtual_cat_applies(x, cat_with, upsample, weight, geometry):
+        return None
+    if input_affine is not None and not affine_prologue_applies(
+        x, input_affine, input_scale, weight, geometry, cat_with
+    ):
         return None
     if cat_with is None and upsample != 1:
         return None
@@ -127,10 +134,12 @@ def conv2d(
         input_scale=input_scale,
         cat_with=cat_with,
         upsample=upsample,
+        input_affine=input_affine,
+        input_act=input_act,
     )
     # the plan uses the strides of out, input_scale and cat_with: it is only ever called with ones like them
     return lambda x, residual, out=None, input_scale=None, cat_with=None: plan(
-        x, packed, bias, residual, out, input_scale, cat_with
+        x, packed, bias, residual, out, input_scale, cat_with, input_affine
     )
 
 
@@ -183,6 +192,29 @@ def scale_prologue_applies(
     c_out, _, kh, kw = weight.shape
     groups = geometry.groups
     kernel = conv_kernel(c_in, c_out, groups, (kh, kw), geometry.stride, geometry.padding)
+    return kernel is not None and kernel != ConvKernel.DIRECT
+
+
+def affine_prologue_applies(
+    x: torch.Tensor,
+    affine: torch.Tensor,
+    input_scale: torch.Tensor | None,
+    weight: torch.Tensor,
+    geometry: ConvGeometry,
+    cat_with: torch.Tensor | None = None,
+) -> bool:
+    """Whether a kernel computes the conv of ``act(x * s + t)`` itself: a float32 ``[C_in, 2]`` affine on
+    ``x``'s device, no channel scale as well (both would be the prologue), and a kernel with the operand
+    prologue. Elsewhere the reference applies it first."""
+    from fuser.kernels.conv_choice import ConvKernel, conv_kernel
+
+    if input_scale is not None or type(affine) is not torch.Tensor or affine.dtype != torch.float32:
+        return False
+    c_in = x.shape[1] + (0 if cat_with is None else cat_with.shape[1])
+    if tuple(affine.shape) != (c_in, 2) or affine.device != x.device or not affine.is_contiguous():
+        return False
+    c_out, _, kh, kw = weight.shape
+    kernel = conv_kernel(c_in, c_out, geometry.groups, (kh, kw), geometry.stride, geometry.padding)
     return kernel is not None and kernel != ConvKernel.DIRECT
 
 

@@ -101,6 +101,8 @@ def conv2d_act(
     input_scale: torch.Tensor | None = None,
     cat_with: torch.Tensor | None = None,
     upsample: int = 1,
+    input_affine: torch.Tensor | None = None,
+    input_act: int = 0,
 ) -> torch.Tensor:
     """``epilogue(conv2d(x, weight) + bias)``; padding is (top, bottom, left, right).
 
@@ -108,15 +110,17 @@ def conv2d_act(
     reference path ignores it. ``input_scale`` (``[N or 1, C_in, 1, 1]``, optional, last so that calls
     without it keep their form) makes it the conv of ``x * input_scale``, multiplied as the kernel loads
     ``x`` (fuser.rewrite.input_scale). ``cat_with`` (optional) makes the input ``cat([upsample_nearest(x, upsample),
-    cat_with], 1)``, read by the kernels without being materialized (fuser.rewrite.virtual_cat). Output layout: see
-    :func:`fuser.lower.backends.conv_output_memory_format`.
+    cat_with], 1)``, read by the kernels without being materialized (fuser.rewrite.virtual_cat). ``input_affine``
+    (``[C_in, 2]`` float32, optional) with ``input_act`` makes the conv's input ``input_act(x * s + t)``, a
+    BatchNorm and its activation applied as the kernel loads ``x`` (fuser.rewrite.batchnorm_prologue). Output
+    layout: see :func:`fuser.lower.backends.conv_output_memory_format`.
     """
     geometry, epilogue, policy, backend = _conv2d_spec(
         stride, padding, dilation, groups, act, alpha, residual_mode, scale, round_tf32, precision, backend
     )
     call = calls.conv2d_call(
         x, weight, bias, residual, packed_weight, geometry, epilogue, policy, backend, None, input_scale, cat_with,
-        upsample,
+        upsample, input_affine, input_act,
     )  # fmt: skip
     return call(x, residual, None, input_scale, cat_with)
 
@@ -124,7 +128,7 @@ def conv2d_act(
 @conv2d_act.register_fake
 def _conv2d_act_fake(
     x, weight, bias, residual, packed_weight, stride, padding, dilation, groups, act, alpha, residual_mode, scale,
-    round_tf32, precision, backend, input_scale=None, cat_with=None, upsample=1,
+    round_tf32, precision, backend, input_scale=None, cat_with=None, upsample=1, input_affine=None, input_act=0,
 ):  # fmt: skip
     spatial = x.shape[2:] if cat_with is None else cat_with.shape[2:]
     oh, ow = conv_output_size(spatial, weight.shape[2:], stride, padding, dilation)

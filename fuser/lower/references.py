@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fuser.activations import apply_activation_torch
 from fuser.kernels.epilogue import Epilogue, apply_epilogue_torch
 from fuser.kernels.precision import Precision
 from fuser.lower.conv_geometry import ConvGeometry
@@ -33,15 +34,20 @@ def conv2d_reference(
     input_scale: torch.Tensor | None = None,
     cat_with: torch.Tensor | None = None,
     upsample: int = 1,
+    input_affine: torch.Tensor | None = None,
+    input_act: int = 0,
 ) -> torch.Tensor:
     """``epilogue(conv2d(x, weight) + bias)`` in plain torch. With a ``cat_with`` the conv's input is
     ``cat([upsample_nearest(x, upsample), cat_with], 1)`` (the kernels' virtual input); with an
-    ``input_scale`` it is then multiplied by it (the channel-scale prologue, in ``x``'s dtype)."""
+    ``input_scale`` it is then multiplied by it (the channel-scale prologue, in ``x``'s dtype); with an
+    ``input_affine`` it becomes ``input_act(x * s + t)`` (:func:`affine_prologue_reference`)."""
     if cat_with is not None:
         up = F.interpolate(x, scale_factor=upsample, mode="nearest") if upsample != 1 else x
         x = torch.cat([up, cat_with], 1)
     if input_scale is not None:
         x = x * input_scale
+    if input_affine is not None:
+        x = affine_prologue_reference(x, input_affine, input_act)
     x_, w_ = _round_operands(precision, x, weight)
     top, bottom, left, right = geometry.padding
     stride, dilation, groups = geometry.stride, geometry.dilation, geometry.groups
@@ -50,6 +56,16 @@ def conv2d_reference(
     else:
         y = F.conv2d(F.pad(x_, (left, right, top, bottom)), w_, bias, stride, 0, dilation, groups)
     return apply_epilogue_torch(y, None, epilogue, residual)  # the bias went into the conv: one op fewer
+
+
+def affine_prologue_reference(x: torch.Tensor, affine: torch.Tensor, act: int) -> torch.Tensor:
+    """``act(x * s + t)`` per channel (dim 1 of ``x``; ``affine`` is ``[C, 2]``, columns ``s`` and ``t``),
+    computed in float32 (float64 for a float64 ``x``) and rounded to ``x``'s dtype, as the kernels' affine
+    prologue does. A conv's zero padding then pads this result, as it pads the activation's output."""
+    compute = torch.promote_types(x.dtype, torch.float32)
+    shape = (1, -1) + (1,) * (x.dim() - 2)
+    s, t = (affine[:, i].to(compute).reshape(shape) for i in (0, 1))
+    return apply_activation_torch(x.to(compute) * s + t, act).to(x.dtype)
 
 
 def gemm_reference(

@@ -42,7 +42,7 @@ def build_fused_module(
     bias = constant_tensor(gm, args["bias"])
     found = chain.step("batch_norm")
     if found is not None:
-        weight, bias = fold_batchnorm(weight, bias, _batchnorm_params(found[0], gm))
+        weight, bias = fold_batchnorm(weight, bias, batchnorm_params(found[0], gm))
     if linear:
         return FusedLinear(weight, bias, epilogue=chain.epilogue, precision=precision, backend=backend, source=source)
     dilation = _pair(args["dilation"])
@@ -60,7 +60,7 @@ def build_fused_module(
     )
 
 
-def _batchnorm_params(node: fx.Node, gm: fx.GraphModule) -> BatchNormParams:
+def batchnorm_params(node: fx.Node, gm: fx.GraphModule) -> BatchNormParams:
     """The constants of an eval BatchNorm: a canonical F.batch_norm call, or a BatchNorm1d module after a linear."""
     if node.op == "call_module":
         m = gm.get_submodule(str(node.target))
@@ -113,13 +113,13 @@ def rewrite_chains(gm: fx.GraphModule, chains: list[Chain], precision: Precision
         if node.op == "get_attr" and not node.users:
             graph.erase_node(node)
     gm.delete_all_unused_submodules()
-    _delete_unread_tensors(gm)
+    delete_unread_tensors(gm)
     graph.lint()
     gm.recompile()
     return names
 
 
-def _delete_unread_tensors(gm: fx.GraphModule) -> None:
+def delete_unread_tensors(gm: fx.GraphModule) -> None:
     """Drop the parameters and buffers that no get_attr reads any more and no called submodule owns.
 
     That includes the graph module's attribute stubs (torch.fx keeps ``c_proj.weight`` as a parameter of an

@@ -21,6 +21,8 @@ pytestmark = pytest.mark.skipif(not PTXAS.exists(), reason=f"triton's bundled pt
 EPILOGUE = {"HAS_BIAS": True, "ACT": 4, "RESIDUAL": 2, "HAS_SCALE": True}
 NO_PROLOGUE = {"PROLOGUE": 0}
 CHANNEL_SCALE = {"PROLOGUE": 1}  # tiles.PROLOGUE_CHANNEL_SCALE
+AFFINE_RELU = {"PROLOGUE": 16 + 1}  # tiles.PROLOGUE_AFFINE + Activation.RELU
+AFFINE_SILU = {"PROLOGUE": 16 + 4}  # tiles.PROLOGUE_AFFINE + Activation.SILU
 
 
 def compile_sm90(kernel: Any, pointers: dict[str, str], constexprs: dict[str, Any], warps: int = 4) -> Any:
@@ -42,7 +44,9 @@ def tile(block_m: int, block_n: int, block_k: int, split_k: int) -> dict[str, An
     return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8, "SPLIT_K": split_k}
 
 
-@pytest.mark.parametrize("prologue", [NO_PROLOGUE, CHANNEL_SCALE], ids=["plain", "channel_scale"])
+@pytest.mark.parametrize(
+    "prologue", [NO_PROLOGUE, CHANNEL_SCALE, AFFINE_RELU], ids=["plain", "channel_scale", "affine_relu"]
+)
 @pytest.mark.parametrize("split_k", [1, 2], ids=["whole", "split"])
 def test_gemm_descriptor_path_compiles(split_k: int, prologue: dict[str, int]) -> None:
     pointers = {
@@ -62,8 +66,9 @@ def test_gemm_descriptor_path_compiles(split_k: int, prologue: dict[str, int]) -
 @pytest.mark.parametrize(
     ("flat_k", "split_k", "prologue", "virtual"),
     [(False, 4, NO_PROLOGUE, False), (True, 1, NO_PROLOGUE, False), (False, 1, CHANNEL_SCALE, True),
-     (True, 2, CHANNEL_SCALE, False)],
-    ids=["channel-blocks-split", "flat-k", "virtual-cat-scaled", "flat-k-scaled-split"],
+     (True, 2, CHANNEL_SCALE, False), (False, 1, AFFINE_RELU, False), (True, 2, AFFINE_SILU, False)],
+    ids=["channel-blocks-split", "flat-k", "virtual-cat-scaled", "flat-k-scaled-split", "affine-relu",
+         "flat-k-affine-silu-split"],
 )  # fmt: skip
 def test_conv_pointer_path_compiles(flat_k: bool, split_k: int, prologue: dict[str, int], virtual: bool) -> None:
     pointers = {"x_ptr": "*bf16", "w_ref": "*bf16", "bias_ptr": "*fp32", "res_ptr": "*bf16", "ps_ptr": "*bf16"}
@@ -81,7 +86,9 @@ def test_split_k_reduction_compiles() -> None:
     assert compile_sm90(splitk._split_k_reduce_kernel, pointers, constexprs).asm["ptx"]
 
 
-@pytest.mark.parametrize("prologue", [NO_PROLOGUE, CHANNEL_SCALE], ids=["plain", "channel_scale"])
+@pytest.mark.parametrize(
+    "prologue", [NO_PROLOGUE, CHANNEL_SCALE, AFFINE_RELU], ids=["plain", "channel_scale", "affine_relu"]
+)
 def test_depthwise_compiles(prologue: dict[str, int]) -> None:
     pointers = {"x_ptr": "*fp16", "w_ptr": "*fp16", "bias_ptr": "*fp32", "res_ptr": "*fp16", "out_ptr": "*fp16"}
     pointers["ps_ptr"] = "*fp16"

@@ -3,7 +3,8 @@ benchmarks/zoo_cpu.py writes to the README's table. Both call :func:`evaluate`, 
 
 The checks per model (None: passed, else what failed):
 
-- bn: every BatchNorm that runs is folded into a fused chain, or named in the report's rejected chains, and
+- bn: every BatchNorm that runs is folded into a fused chain or into the layer after it (the report's
+  ``BATCH_NORM_FOLDS`` rewrites), or named in the report's rejected chains, and
   the optimized module runs exactly the BatchNorms the report leaves unfolded (counted as batch_norm ops);
 - error: ``fuser.verify`` against a float64 run of the original, within the tolerance table (ieee);
   where float32 itself is further than that from float64 (a deep random net), within twice the original's
@@ -29,6 +30,7 @@ from torch.utils._pytree import tree_flatten
 from zoo_models import ZooModel
 
 import fuser
+from fuser.report import BATCH_NORM_FOLDS
 
 CHECKS = ["bn", "error", "untouched", "save_load", "no_dead_weights"]
 
@@ -104,6 +106,7 @@ def _checks(zoo: ZooModel) -> dict[str, Any]:
     failures: dict[str, str | None] = dict.fromkeys(CHECKS)
 
     folded = {m for e in report.fused if "batch_norm" in e.ops for m in e.modules if m in calls}
+    folded |= {r.location for r in report.rewrites if r.kind in BATCH_NORM_FOLDS and r.location in calls}
     reasons = {m: e.reason for e in report.rejected for m in e.modules if m in calls and m not in folded}
     unfolded = sorted(set(calls) - folded)
     missing = [m for m in unfolded if m not in reasons]
