@@ -52,6 +52,7 @@ from .launch import (
     dot_precision,
     make_descriptor,
     tensor_meta,
+    with_fallback,
 )
 from .packing import PackedConvWeight
 from .precision import dot_acc
@@ -717,4 +718,4 @@ def prepare_implicit_gemm(
         device=x.device,
         problem=Problem(m, c_out_g, k_total, groups, elem, precision.value),
     )
-    return runner(config)
+    return with_fallback(runner, config, candidates, forced=tile is not None or interpret)

@@ -35,6 +35,7 @@ from .launch import (
     dot_precision,
     make_descriptor,
     tensor_meta,
+    with_fallback,
 )
 from .packing import PackedGemmWeight
 from .precision import Precision, dot_acc
@@ -265,10 +266,11 @@ def prepare_gemm(
         "precision": precision.value,
         "descriptor": use_desc,
     }
+    candidates = gemm_candidates(m, n, k, w.element_size())
     config = choose_tile(
         "gemm_act",
         key,
-        gemm_candidates(m, n, k, w.element_size()),
+        candidates,
         lambda c: runner(c)(a3, w, bias32, res3, out2, scale2),
         interpret=interpret,
         interpret_config=INTERPRET_CONFIG,
@@ -276,7 +278,7 @@ def prepare_gemm(
         device=out2.device,
         problem=Problem(m, n, k, 1, w.element_size(), precision.value),
     )
-    return runner(config)
+    return with_fallback(runner, config, candidates, forced=tile is not None or interpret)
 
 
 _plans = PlanCache()

@@ -460,3 +460,37 @@ def check_out(
     for d in row_dims:
         rows *= shape[d]
     return out.as_strided((rows, channels), (row_stride, 1))
+
+
+def with_fallback(
+    runner: Callable[[TileConfig], Callable[..., Any]],
+    config: TileConfig,
+    candidates: Sequence[TileConfig],
+    forced: bool,
+) -> Callable[..., Any]:
+    """``runner(config)``, unless a launch of it runs out of shared memory or registers: then, from that call
+    on, the plan of the first of the other ``candidates`` whose launch fits.
+
+    The default tile comes from a table measured on the kernel's other variants: one with an operand
+    prologue keeps more of the A tile on chip (an fp16 3x3 conv with a BatchNorm prologue asked for 292 KiB
+    of shared memory with a table entry measured without one). Triton refuses such a launch before it runs,
+    so nothing was written and the next candidate can take the same call. (Not only the first call: the
+    compile-ahead listing forward records launches without making them.) A forced tile fails as asked."""
+    from triton.runtime.errors import OutOfResources
+
+    current = [runner(config)]
+    if forced:
+        return current[0]
+    rest = iter([c for c in candidates if c != config])
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        while True:
+            try:
+                return current[0](*args, **kwargs)
+            except OutOfResources:
+                candidate = next(rest, None)
+                if candidate is None:
+                    raise
+                current[0] = runner(candidate)
+
+    return run

@@ -230,3 +230,40 @@ def test_should_measure_can_decline_a_measurement(cache: Path) -> None:
     assert small == tile_heuristic.pick("gemm_act", CANDIDATES, PROBLEM)
     assert calls == CANDIDATES and len(asked) == 2
     assert len(autotune.read_cache_file(autotune.cache_file("test"))) == 1, "a declined measurement is not cached"
+
+
+def _runner_failing_for(too_big: set[TileConfig], launched: list[TileConfig]):
+    from triton.runtime.errors import OutOfResources
+
+    def runner(config: TileConfig):
+        def run(x: int) -> int:
+            if config in too_big:
+                raise OutOfResources(299008, 232448, "shared memory")
+            launched.append(config)
+            return x + config.block_m
+
+        return run
+
+    return runner
+
+
+def test_a_default_that_does_not_fit_falls_back_to_the_next_candidate_that_does() -> None:
+    from fuser.kernels.launch import with_fallback
+
+    big, bigger, small = TileConfig(256, 128, 64), TileConfig(128, 128, 64), TileConfig(64, 32, 32)
+    launched: list[TileConfig] = []
+    run = with_fallback(_runner_failing_for({big, bigger}, launched), big, [bigger, big, small], forced=False)
+    assert run(1) == 65 and run(2) == 66  # small's plan, kept for later calls
+    assert launched == [small, small]
+
+
+def test_a_forced_tile_or_no_fitting_candidate_raises_the_resource_error() -> None:
+    from triton.runtime.errors import OutOfResources
+
+    from fuser.kernels.launch import with_fallback
+
+    big, small = TileConfig(256, 128, 64), TileConfig(64, 32, 32)
+    with pytest.raises(OutOfResources):
+        with_fallback(_runner_failing_for({big}, []), big, [big, small], forced=True)(1)
+    with pytest.raises(OutOfResources):
+        with_fallback(_runner_failing_for({big, small}, []), big, [big, small], forced=False)(1)
