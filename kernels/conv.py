@@ -35,6 +35,7 @@ from .direct_conv import direct_candidates, prepare_direct
 from .epilogue import NO_EPILOGUE, Epilogue
 from .gemm import gemm_candidates, prepare_gemm
 from .launch import (
+    Float32Copies,
     KernelCall,
     PlanCache,
     aligned_2d,
@@ -450,6 +451,7 @@ def _plan_conv(
     affine_act = None if input_affine is None else input_act
     bias32 = check_bias(op, bias, c_out)
     convert_bias = bias32 is not None and bias32 is not bias
+    float32_bias = Float32Copies()
     out4 = (n, c_out, oh, ow)
     res4 = check_residual(op, epilogue, residual, out4)
     dtype = x.dtype
@@ -517,7 +519,7 @@ def _plan_conv(
         if out is None:
             out = new_out()
         res = None if residual is None else as_residual(residual.expand(out4))
-        bias = bias.float().contiguous() if convert_bias else bias
+        bias = float32_bias(bias) if convert_bias else bias
         if input_affine is not None:
             scale2 = affine_rows(input_affine)
         else:

@@ -18,6 +18,7 @@ import triton.language as tl
 from .autotune import Problem, TileConfig, matmul_candidates
 from .epilogue import NO_EPILOGUE, Epilogue
 from .launch import (
+    Float32Copies,
     KernelCall,
     PlanCache,
     aligned_2d,
@@ -391,6 +392,7 @@ def _plan_gemm(
     affine_act = None if input_affine is None else input_act
     bias32 = check_bias(op, bias, n)
     convert_bias = bias32 is not None and bias32 is not bias
+    float32_bias = Float32Copies()
     out_shape = (*a.shape[:-1], n)
     dtype = a.dtype
     res = check_residual(op, epilogue, residual, out_shape)
@@ -423,7 +425,7 @@ def _plan_gemm(
             scale2 = affine_rows(input_affine)
         else:
             scale2 = None if input_scale is None else scale_rows(input_scale)
-        run(to3(a), w, bias.float().contiguous() if convert_bias else bias, res3, rows(out), scale2)
+        run(to3(a), w, float32_bias(bias) if convert_bias else bias, res3, rows(out), scale2)
         return out
 
     return plan

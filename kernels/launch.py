@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -494,3 +495,31 @@ def with_fallback(
                 current[0] = runner(candidate)
 
     return run
+
+
+class Float32Copies:
+    """Float32 copies of the biases a plan is called with, made once per tensor and version instead of once
+    per call.
+
+    A model cast to fp16 holds fp16 biases while the epilogue adds in float32: converting on every call was
+    one copy kernel per fused layer per forward (53 launches, 0.11 ms of ResNet-50's forward at batch 32 on
+    the H200). A plan is shared by every layer of its call signature, so copies are kept per bias tensor
+    (by ``id``, checked through a weak reference, dropped when the bias is freed). An in-place edit bumps the
+    tensor's version and is converted again; the older copy is kept, since a CUDA graph recorded before the
+    edit may still read it."""
+
+    __slots__ = ("_copies",)
+
+    def __init__(self) -> None:
+        self._copies: dict[int, tuple[Any, int, list[torch.Tensor]]] = {}
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        key = id(t)
+        hit = self._copies.get(key)
+        if hit is not None and hit[0]() is t and hit[1] == t._version:
+            return hit[2][-1]
+        copy = t.float().contiguous()
+        kept = hit[2] + [copy] if hit is not None and hit[0]() is t else [copy]
+        forget = lambda _ref, key=key, copies=self._copies: copies.pop(key, None)
+        self._copies[key] = (weakref.ref(t, forget), t._version, kept)
+        return copy

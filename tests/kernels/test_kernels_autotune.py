@@ -267,3 +267,20 @@ def test_a_forced_tile_or_no_fitting_candidate_raises_the_resource_error() -> No
         with_fallback(_runner_failing_for({big}, []), big, [big, small], forced=True)(1)
     with pytest.raises(OutOfResources):
         with_fallback(_runner_failing_for({big, small}, []), big, [big, small], forced=False)(1)
+
+
+def test_float32_bias_copies_are_made_once_per_tensor_and_version() -> None:
+    import torch
+
+    from fuser.kernels.launch import Float32Copies
+
+    copies = Float32Copies()
+    a, b = torch.randn(7).half(), torch.randn(7).half()
+    first = copies(a)
+    assert first.dtype == torch.float32 and torch.equal(first, a.float())
+    assert copies(a) is first and copies(b) is not first  # one plan, several layers: each its own copy
+    assert copies(a) is first
+    a.add_(1)  # an in-place edit is seen
+    assert torch.equal(copies(a), a.float()) and copies(a) is not first
+    del b
+    assert len(copies._copies) == 1  # a freed bias's copy is dropped
