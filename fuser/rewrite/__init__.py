@@ -11,5 +11,5 @@ input_scale     conv(x * s), s per image and channel, multiplies as it loads x
 batchnorm_prologue  BN [-> act] before a fused conv or linear: its operand prologue, or folded into its weights
 tf32_rounding   outputs only TF32 dots read are stored rounded; the other inputs' truncation compensated
 detect_head     a YOLO detect head's inference tail as one kernel
-node_pass       the walk and finish the per-node passes share
+node_pass       the walk, the replacement and the finish the per-node passes share
 """

@@ -19,10 +19,9 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-from fuser.graph_ops import unused_name
 from fuser.lower.backends import KERNEL_DTYPES, check_backend, is_decomposed, resolve_backend
 from fuser.report import GraphRewrite
-from fuser.rewrite.node_pass import candidates, finish
+from fuser.rewrite.node_pass import candidates, finish, replace_with_module
 
 DESCRIPTION = "mean over H, W: one NHWC reduction kernel (split over pixels)"
 _SPATIAL_DIMS = ({2, 3}, {-2, -1}, {2, -1}, {-2, 3})
@@ -128,13 +127,7 @@ def fuse_channel_means(gm: fx.GraphModule, backend: str = "auto") -> list[GraphR
     found: list[GraphRewrite] = []
     for node, (x, form) in candidates(gm, read_mean):
         source = str(node.meta.get("source_module") or node.name)
-        name = unused_name(gm, "fused_channel_mean")
-        gm.add_submodule(name, FusedChannelMean(form, backend, source))
-        with gm.graph.inserting_before(node):
-            fused = gm.graph.call_module(name, (x,))
-        fused.meta = dict(node.meta)
-        node.replace_all_uses_with(fused)
-        gm.graph.erase_node(node)
+        replace_with_module(gm, node, "fused_channel_mean", FusedChannelMean(form, backend, source), (x,))
         found.append(GraphRewrite("channel_mean", source, DESCRIPTION, [node.name]))
     finish(gm, bool(found))
     return found

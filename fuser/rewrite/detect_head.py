@@ -30,6 +30,7 @@ from fuser.graph_ops import unused_name
 from fuser.kernels.detect_head import detect_head_reference
 from fuser.lower import ops
 from fuser.lower.backends import KERNEL_DTYPES
+from fuser.lower.plan_table import KeepsPlans, PlanTable
 from fuser.report import GraphRewrite, SkippedRewrite
 
 # The methods of Detect whose code the fused forward stands for: a class that overrides one computes
@@ -38,7 +39,6 @@ from fuser.report import GraphRewrite, SkippedRewrite
 VERSIONS = ("8.4.",)
 TAIL_METHODS = ("forward", "forward_head", "_inference", "_get_decode_boxes", "decode_bboxes", "one2many")
 ELIMINATED = ["cat(boxes)", "cat(scores)", "dfl", "dist2bbox", "mul(strides)", "sigmoid", "cat(y)"]
-_MAX_PLANS = 8
 
 
 def _detect_class(module: nn.Module) -> type | None:
@@ -148,7 +148,7 @@ def install_detect_heads(heads: DetectHeads, root: nn.Module, backend: str) -> N
         object.__setattr__(module, "forward", FusedDetectForward(module, name, make_anchors))
 
 
-class FusedDetectTail(nn.Module):
+class FusedDetectTail(KeepsPlans, nn.Module):
     """The fused tail of one head: ``(y, boxes, scores)`` from the per-level branch outputs (the kernel where
     it applies, :func:`detect_head_reference` elsewhere: CPU, torch.compile, exporters, float64)."""
 
@@ -157,7 +157,7 @@ class FusedDetectTail(nn.Module):
         self.register_buffer("dfl_weight", dfl_weight)
         self.backend = ops.check_backend(backend)
         self.source = source
-        self._plans: dict[tuple[Any, ...], Any] = {}
+        self._plans = PlanTable()
 
     def _kernel_applies(self, tensors: list[torch.Tensor]) -> bool:
         if torch.compiler.is_compiling() or torch.jit.is_tracing() or ops.is_decomposed():
@@ -201,24 +201,17 @@ class FusedDetectTail(nn.Module):
         from fuser.kernels.launch import tensor_meta
 
         key = (tuple(tensor_meta(t) for t in (*box_levels, *cls_levels, anchors, strides)), xywh, raw)
-        plans = self.__dict__["_plans"]
-        if key not in plans:
-            weight = self.dfl_weight
-            interpret = box_levels[0].device.type == "cpu"
-            plan = None
-            if unsupported(box_levels, cls_levels, anchors, strides, weight) is None:
-                plan = prepare_detect_head(
-                    box_levels, cls_levels, anchors, strides, weight, xywh=xywh, raw=raw, interpret=interpret
-                )
-            if len(plans) >= _MAX_PLANS:
-                plans.clear()
-            plans[key] = plan
-        return plans[key]
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_plans"] = {}  # launch plans are per process and device: rebuilt on first use
-        return state
+        def build() -> Callable[..., Any] | None:
+            weight = self.dfl_weight
+            if unsupported(box_levels, cls_levels, anchors, strides, weight) is not None:
+                return None
+            interpret = box_levels[0].device.type == "cpu"
+            return prepare_detect_head(
+                box_levels, cls_levels, anchors, strides, weight, xywh=xywh, raw=raw, interpret=interpret
+            )
+
+        return self._plans.get(key, build)
 
     def extra_repr(self) -> str:
         return f"reg_max={self.dfl_weight.numel()}, backend={self.backend}"

@@ -18,13 +18,13 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-from fuser.graph_ops import MaxPoolCall, read_max_pool, unused_name
+from fuser.graph_ops import MaxPoolCall, read_max_pool
 from fuser.lower.backends import KERNEL_DTYPES, check_backend, is_decomposed, resolve_backend
+from fuser.lower.plan_table import KeepsPlans, PlanTable, input_signature
 from fuser.report import GraphRewrite
-from fuser.rewrite.node_pass import candidates, finish
+from fuser.rewrite.node_pass import candidates, finish, replace_with_module
 
 DESCRIPTION = "max_pool2d as an NHWC kernel (channel runs as vectors)"
-_MAX_PLANS = 8
 
 
 def _ints(value: Any) -> tuple[int, int] | None:
@@ -36,7 +36,7 @@ def _ints(value: Any) -> tuple[int, int] | None:
     return None
 
 
-class FusedMaxPool2d(nn.Module):
+class FusedMaxPool2d(KeepsPlans, nn.Module):
     """``F.max_pool2d(x, kernel_size, stride, padding)`` (dilation 1, floor mode)."""
 
     def __init__(
@@ -51,7 +51,7 @@ class FusedMaxPool2d(nn.Module):
         self.kernel_size, self.stride, self.padding = tuple(kernel_size), tuple(stride), tuple(padding)
         self.backend = check_backend(backend)
         self.source = source
-        self._plans: dict[tuple[Any, ...], Any] = {}
+        self._plans = PlanTable()
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         return F.max_pool2d(x, self.kernel_size, self.stride, self.padding)
@@ -77,23 +77,10 @@ class FusedMaxPool2d(nn.Module):
         interpret = self._interpreted(x)
         if interpret is None:
             return self.reference(x)
-        # What a plan's direct launch pins (kernels/launch.py, LaunchOptions): strides and 16-byte alignment.
-        key = (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0)
-        plans = self.__dict__["_plans"]
-        plan = plans.get(key)
-        if plan is None:
-            from fuser.kernels.max_pool import max_pool2d_plan
+        from fuser.kernels.max_pool import max_pool2d_plan
 
-            plan = max_pool2d_plan(x, self.kernel_size, self.stride, self.padding, interpret=interpret)
-            if len(plans) >= _MAX_PLANS:
-                plans.clear()
-            plans[key] = plan
-        return plan(x)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_plans"] = {}  # launch plans are per process and device: rebuilt on first use
-        return state
+        build = lambda: max_pool2d_plan(x, self.kernel_size, self.stride, self.padding, interpret=interpret)
+        return self._plans.get(input_signature(x), build)(x)
 
     def extra_repr(self) -> str:
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, backend={self.backend}"
@@ -126,13 +113,8 @@ def fuse_max_pools(gm: fx.GraphModule, backend: str = "auto") -> list[GraphRewri
     found: list[GraphRewrite] = []
     for node, (pool, (kernel_size, stride, padding)) in candidates(gm, _kernel_pool):
         source = str(node.meta.get("source_module") or node.name)
-        name = unused_name(gm, "fused_max_pool")
-        gm.add_submodule(name, FusedMaxPool2d(kernel_size, stride, padding, backend, source))
-        with gm.graph.inserting_before(node):
-            fused = gm.graph.call_module(name, (pool.input,))
-        fused.meta = dict(node.meta)
-        node.replace_all_uses_with(fused)
-        gm.graph.erase_node(node)
+        module = FusedMaxPool2d(kernel_size, stride, padding, backend, source)
+        replace_with_module(gm, node, "fused_max_pool", module, (pool.input,))
         found.append(GraphRewrite("max_pool", source, DESCRIPTION, [node.name]))
     finish(gm, bool(found))
     return found

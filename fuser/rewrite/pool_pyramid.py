@@ -19,12 +19,13 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-from fuser.graph_ops import cat_operands, read_max_pool, unused_name
+from fuser.graph_ops import cat_operands, read_max_pool
 from fuser.lower import ops
+from fuser.lower.plan_table import KeepsPlans, PlanTable, input_signature
 from fuser.report import GraphRewrite
+from fuser.rewrite.node_pass import replace_with_module
 
 MAX_SLICES = 4  # the kernel's limit; SPPF and SPP have four slices
-_MAX_PLANS = 8
 
 
 def describe(radii: tuple[int, ...]) -> str:
@@ -32,7 +33,7 @@ def describe(radii: tuple[int, ...]) -> str:
     return "cat(" + ", ".join("x" if r == 0 else f"maxpool{2 * r + 1}" for r in radii) + ")"
 
 
-class FusedPoolPyramid(nn.Module):
+class FusedPoolPyramid(KeepsPlans, nn.Module):
     """``cat([max_pool2d(x, 2r+1, 1, r) for r in radii], dim)`` (radius 0: ``x`` itself)."""
 
     def __init__(self, radii: tuple[int, ...], dim: int, backend: str = "auto", source: str = "") -> None:
@@ -41,7 +42,7 @@ class FusedPoolPyramid(nn.Module):
         self.dim = int(dim)
         self.backend = ops.check_backend(backend)
         self.source = source
-        self._plans: dict[tuple[Any, ...], Any] = {}
+        self._plans = PlanTable()
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """Plain torch: each window grown from the previous one by the difference of radii (exact)."""
@@ -68,23 +69,10 @@ class FusedPoolPyramid(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._kernel_applies(x):
             return self.reference(x)
-        # What a plan's direct launch pins (kernels/launch.py, LaunchOptions): strides and 16-byte alignment.
-        key = (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() % 16 == 0)
-        plans = self.__dict__["_plans"]
-        plan = plans.get(key)
-        if plan is None:
-            from fuser.kernels.pool import max_pool_pyramid_plan
+        from fuser.kernels.pool import max_pool_pyramid_plan
 
-            plan = max_pool_pyramid_plan(x, self.radii, interpret=x.device.type == "cpu")
-            if len(plans) >= _MAX_PLANS:
-                plans.clear()
-            plans[key] = plan
-        return plan(x)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_plans"] = {}  # launch plans are per process and device: rebuilt on first use
-        return state
+        build = lambda: max_pool_pyramid_plan(x, self.radii, interpret=x.device.type == "cpu")
+        return self._plans.get(input_signature(x), build)(x)
 
     def extra_repr(self) -> str:
         return f"radii={self.radii}, dim={self.dim}, backend={self.backend}"
@@ -160,13 +148,7 @@ def fuse_pool_pyramids(gm: fx.GraphModule, backend: str = "auto") -> list[GraphR
             continue
         pools = list(dict.fromkeys(p for w in windows for p in w[2]))
         source = str(node.meta.get("source_module", node.name))
-        name = unused_name(gm, "fused_pool_pyramid")
-        gm.add_submodule(name, FusedPoolPyramid(radii, dim, backend, source))
-        with gm.graph.inserting_before(node):
-            fused = gm.graph.call_module(name, (base,))
-        fused.meta = dict(node.meta)
-        node.replace_all_uses_with(fused)
-        gm.graph.erase_node(node)
+        replace_with_module(gm, node, "fused_pool_pyramid", FusedPoolPyramid(radii, dim, backend, source), (base,))
         eliminated = [node.name]
         order = {n: i for i, n in enumerate(gm.graph.nodes)}
         for pool in sorted(pools, key=order.__getitem__, reverse=True):  # consumers before producers

@@ -127,3 +127,20 @@ def test_gpu_kernel_equals_torch_bit_for_bit(shape, k, s, p, dtype: torch.dtype)
     x = _nhwc(shape, dtype, "cuda")
     run = max_pool2d_plan(x, k, s, p)
     assert torch.equal(run(x), F.max_pool2d(x, k, s, p))
+
+
+def test_plans_are_kept_per_signature_and_never_saved() -> None:
+    import io
+
+    module = FusedMaxPool2d((3, 3), (2, 2), (1, 1), backend="interpret")
+    x = _nhwc((1, 21, 15, 13))
+    want = F.max_pool2d(x, 3, 2, 1)
+    assert torch.equal(module(x), want) and torch.equal(module(x), want) and len(module._plans) == 1
+    buffer = io.BytesIO()
+    torch.save(module, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert len(loaded._plans) == 0 and torch.equal(loaded(x), want)
+    old = FusedMaxPool2d.__new__(FusedMaxPool2d)  # a module saved when its plans were a plain dict
+    old.__setstate__({**{k: v for k, v in module.__dict__.items() if k != "_plans"}, "_plans": {}})
+    assert torch.equal(old(x), want)
