@@ -62,15 +62,17 @@ def layer_row(c: int, k: int, stride: int, size: int, batch: int, dtype_name: st
     cudnn = do_bench_ms(lambda: F.silu(F.conv2d(x, w_cl, b_cl, stride, pad, 1, c)))
     row = {"c": c, "k": k, "stride": stride, "size": size, "batch": batch, "dtype": dtype_name, "cudnn_ms": cudnn}
 
+    shipped = depthwise.UNROLL_MAX_TAPS
+
     def plan(tile, unroll_max):
         depthwise.UNROLL_MAX_TAPS = unroll_max
         try:
             return depthwise.prepare_depthwise(x, w_taps, (k, k), bias32, epilogue, None, out, (stride, stride),
                                                (pad, pad, pad, pad), (1, 1), False, precision, tile=tile)  # fmt: skip
         finally:
-            depthwise.UNROLL_MAX_TAPS = 9
+            depthwise.UNROLL_MAX_TAPS = shipped
 
-    default = plan(None, 9)
+    default = plan(None, shipped)
     default(x, w_taps, bias32, None, out)
     row["default_ms"] = do_bench_ms(lambda: default(x, w_taps, bias32, None, out))
     configs = {}
