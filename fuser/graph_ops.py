@@ -195,6 +195,16 @@ def unused_name(owner: nn.Module, stem: str) -> str:
     return name
 
 
+def int_pair(value: Any) -> tuple[int, int] | None:
+    """``(a, b)`` for an int ``a == b`` or a sequence of one or two ints (a pool's or conv's window, stride,
+    padding); None for anything else (a node, a 3-D window)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value, value)
+    if isinstance(value, (tuple, list)) and len(value) in (1, 2) and all(type(v) is int for v in value):
+        return (value[0], value[-1])
+    return None
+
+
 MAX_POOL_FUNCTIONS = frozenset({F.max_pool2d, torch.max_pool2d})
 _MAX_POOL_ARGS = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
 

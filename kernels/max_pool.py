@@ -76,20 +76,15 @@ def _pair(value: Any) -> tuple[int, int]:
     return (int(value), int(value)) if isinstance(value, int) else (int(value[0]), int(value[1]))
 
 
-def max_pool2d_supported(
-    x: torch.Tensor, kernel_size: Any, stride: Any, padding: Any, dilation: Any, ceil_mode: bool
-) -> str | None:
-    """None when :func:`max_pool2d_plan` computes ``F.max_pool2d(x, ...)`` exactly; else why not."""
+def _unsupported(x: torch.Tensor, kernel_size: Any, padding: Any) -> str | None:
+    """Why the kernel does not compute ``F.max_pool2d(x, kernel_size, padding=padding)`` (floor mode,
+    dilation 1), or None when it does."""
     if not isinstance(x, torch.Tensor) or x.dim() != 4:
         return "the input is not a 4-D [N, C, H, W] tensor"
     if x.dtype not in FLOAT_DTYPES:
         return f"dtype {x.dtype} (the kernel reads float32, float16 and bfloat16)"
     if x.stride(1) != 1:
         return f"the input is not channels_last (strides {tuple(x.stride())})"
-    if ceil_mode:
-        return "ceil_mode=True"
-    if _pair(dilation) != (1, 1):
-        return f"dilation {_pair(dilation)}"
     kh, kw = _pair(kernel_size)
     ph, pw = _pair(padding)
     if 2 * ph > kh or 2 * pw > kw:
@@ -108,7 +103,7 @@ def max_pool2d_plan(
     """``run(x) -> F.max_pool2d(x, kernel_size, stride, padding)`` (dilation 1, floor mode) for every
     input of ``x``'s shape, strides and dtype; the output is channels_last. ``x`` is channels_last
     ``[N, C, H, W]`` on CUDA, or on the CPU with ``interpret=True`` (Triton's interpreter)."""
-    reason = max_pool2d_supported(x, kernel_size, stride, padding, 1, False)
+    reason = _unsupported(x, kernel_size, padding)
     if reason is not None:
         raise ValueError(f"max_pool2d: {reason}")
     want = "cpu" if interpret else "cuda"

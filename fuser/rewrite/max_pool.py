@@ -11,29 +11,18 @@ standard MaxPool).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-from fuser.graph_ops import MaxPoolCall, read_max_pool
+from fuser.graph_ops import MaxPoolCall, int_pair, read_max_pool
 from fuser.lower.backends import KERNEL_DTYPES, check_backend, is_decomposed, resolve_backend
 from fuser.lower.plan_table import KeepsPlans, PlanTable, input_signature
 from fuser.report import GraphRewrite
 from fuser.rewrite.node_pass import candidates, finish, replace_with_module
 
 DESCRIPTION = "max_pool2d as an NHWC kernel (channel runs as vectors)"
-
-
-def _ints(value: Any) -> tuple[int, int] | None:
-    """``(a, b)`` for an int or a pair of ints; None for anything else (a node, a 3-D window)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return (value, value)
-    if isinstance(value, (tuple, list)) and len(value) in (1, 2) and all(type(v) is int for v in value):
-        return (value[0], value[-1])
-    return None
 
 
 class FusedMaxPool2d(KeepsPlans, nn.Module):
@@ -95,7 +84,7 @@ def _kernel_pool(node: fx.Node, modules: dict[str, nn.Module]) -> tuple[MaxPoolC
     pool = read_max_pool(node, modules)
     if pool is None or pool.return_indices is not False or pool.ceil_mode is not False:
         return None
-    geometry = tuple(_ints(v) for v in (pool.kernel_size, pool.stride, pool.padding, pool.dilation))
+    geometry = tuple(int_pair(v) for v in (pool.kernel_size, pool.stride, pool.padding, pool.dilation))
     if None in geometry or geometry[3] != (1, 1) or not isinstance(pool.input, fx.Node):
         return None
     (kh, kw), stride, (ph, pw), _ = geometry

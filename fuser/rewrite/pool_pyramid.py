@@ -19,7 +19,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-from fuser.graph_ops import cat_operands, read_max_pool
+from fuser.graph_ops import cat_operands, int_pair, read_max_pool
 from fuser.lower import ops
 from fuser.lower.plan_table import KeepsPlans, PlanTable, input_signature
 from fuser.report import GraphRewrite
@@ -93,11 +93,8 @@ def _same_padded_pool_radius(node: fx.Node, modules: dict[str, nn.Module]) -> in
 
 def _square(value: Any) -> int | None:
     """An int for ``v`` or ``(v, v)``; None for anything else (a node, an uneven pair)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, (tuple, list)) and len(value) in (1, 2) and all(type(v) is int for v in value):
-        return value[0] if len(set(value)) == 1 else None
-    return None
+    pair = int_pair(value)
+    return pair[0] if pair is not None and pair[0] == pair[1] else None
 
 
 def _window_of(node: Any, modules: dict[str, nn.Module]) -> tuple[fx.Node, int, list[fx.Node]] | None:
