@@ -15,17 +15,21 @@ A short table comes last; the rows go to ``compile-ahead-check-<date>.json`` und
 
 ``--simulate`` (no GPU): the same steps planned as on an sm_90 GPU, with an interpreter-fused model and
 the JIT's lookups warming up instead of launching (a miss compiles here, on the CPU: use a small model).
-``--baseline`` also runs each model with compiling ahead off, for the serial figure.
+``--baseline`` also runs each model with compiling ahead off, for the serial figure. ``--profile`` runs the
+cold optimize() under cProfile and keeps its largest entries (cumulative and own time) in the row: where the
+seconds outside the workers go. cProfile slows Python-heavy parts, so the row's seconds are not the plain figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import dataclasses
 import datetime
 import json
 import os
+import pstats
 import shutil
 import subprocess
 import sys
@@ -190,7 +194,22 @@ def _optimize_simulated(name: str, batch: int, size: int | None, arch: str) -> C
     return run
 
 
-def child(spec: str, out: Path, simulate: str | None) -> None:
+def profile_top(profile: cProfile.Profile, count: int) -> dict[str, list[list[Any]]]:
+    """The ``count`` largest entries of a profile by cumulative and by own time: [function, seconds, calls]."""
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+
+    def name(key: tuple[str, int, str]) -> str:
+        file, line, function = key
+        return f"{Path(file).name}:{line}:{function}" if line else function
+
+    def top(index: int) -> list[list[Any]]:
+        ranked = sorted(stats.items(), key=lambda item: item[1][index], reverse=True)[:count]
+        return [[name(key), round(value[index], 3), value[1]] for key, value in ranked]
+
+    return {"cumulative": top(3), "own": top(2)}
+
+
+def child(spec: str, out: Path, simulate: str | None, profile: bool = False) -> None:
     import triton
 
     from fuser.kernels import precompile
@@ -203,9 +222,14 @@ def child(spec: str, out: Path, simulate: str | None) -> None:
         if simulate
         else _optimize_cuda(name, int(batch), size_arg)
     )
+    profiler = cProfile.Profile() if profile else None
     with recorder.watching():
         start = time.perf_counter()
+        if profiler is not None:
+            profiler.enable()
         optimize()
+        if profiler is not None:
+            profiler.disable()
         seconds = time.perf_counter() - start
     report = precompile.last_report()
     hits = sum(e["hit"] for e in recorder.compiles)
@@ -228,6 +252,8 @@ def child(spec: str, out: Path, simulate: str | None) -> None:
         "misses": recorder.misses(),
         "listed": [v.describe() for v in recorder.submitted],
     }
+    if profiler is not None:
+        row["profile"] = profile_top(profiler, 45)
     out.write_text(json.dumps(row, indent=1) + "\n")
 
 
@@ -249,6 +275,8 @@ def run_row(name: str, args: argparse.Namespace, workers: str) -> dict[str, Any]
     command = [sys.executable, "-m", "benchmarks.compile_ahead_check", "--child", spec, "--child-out", str(out)]
     if args.simulate:
         command += ["--simulate-arch", args.arch]
+    if args.profile:
+        command.append("--child-profile")
     cwd = Path(__file__).resolve().parents[1]
     try:
         done = subprocess.run(command, env=_env(root, workers), cwd=cwd,
@@ -289,10 +317,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the JSON into this folder")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--profile", action="store_true", help="run the cold optimize() under cProfile")
     parser.add_argument("--simulate-arch", help=argparse.SUPPRESS)
+    parser.add_argument("--child-profile", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.child_out, args.simulate_arch)
+        child(args.child, args.child_out, args.simulate_arch, args.child_profile)
         return
     if not args.simulate and not torch.cuda.is_available():
         raise SystemExit("this measures optimize() on a CUDA GPU; without one, pass --simulate (a dry run)")
