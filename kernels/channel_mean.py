@@ -78,6 +78,21 @@ def _add_splits_kernel(part_ptr, out_ptr, C, SPLITS, inv_hw, BLOCK_C: tl.constex
     tl.store(out_ptr + n.to(tl.int64) * C + offs_c, (acc * inv_hw).to(out_ptr.dtype.element_ty), mask=c_ok)
 
 
+def add_splits(part: torch.Tensor, out: torch.Tensor, count: int, *, interpret: bool = False) -> None:
+    """``out[n, c] = sum over s of part[n, s, c] / count``, the splits added one after another (the same bits
+    on every run): the second step of a split mean, here and in the depthwise kernel's fused pool
+    (depthwise.py). ``part`` is contiguous float32 ``[N, SPLITS, C]``, ``out`` contiguous ``[N, C]`` (any
+    strides of the trailing size-1 dims), written in its own dtype."""
+    n, splits, c = part.shape
+    block_c = 64 if interpret else min(64, max(16, triton.next_power_of_2(c)))
+    grid = (n, cdiv(c, block_c))
+    args = (part, out, c, splits, 1.0 / count)
+    if interpret:
+        run_interpreted(_add_splits_kernel, grid, *args, BLOCK_C=block_c)
+    else:
+        _add_splits_kernel[grid](*args, BLOCK_C=block_c, num_warps=4, num_stages=2)
+
+
 def _layout(x: torch.Tensor, interpret: bool) -> tuple[int, int, int]:
     """(BLOCK_P, BLOCK_C, num_warps): channels along the contiguous axis of NHWC, pixels along NCHW's."""
     if interpret:
@@ -130,7 +145,7 @@ def _plan(x: torch.Tensor, interpret: bool, splits: int | None) -> Callable[[tor
     per_split = cdiv(cdiv(hw, split), block_p) * block_p
     split = cdiv(hw, per_split)  # no empty ranges
     strides = (x.stride(0), x.stride(1), x.stride(2), x.stride(3))
-    grid, finish_grid = (n, c_blocks, split), (n, c_blocks)
+    grid = (n, c_blocks, split)
     inv_hw = 1.0 / hw
 
     def launch(kernel: Any, grid: tuple[int, ...], args: tuple, **constexprs: Any) -> None:
@@ -146,7 +161,7 @@ def _plan(x: torch.Tensor, interpret: bool, splits: int | None) -> Callable[[tor
         launch(_channel_sum_kernel, grid, (x, dst, c, hw, w, per_split, *strides, inv_hw),
                FINAL=final, BLOCK_P=block_p, BLOCK_C=block_c)  # fmt: skip
         if not final:
-            launch(_add_splits_kernel, finish_grid, (dst, out, c, split, inv_hw), BLOCK_C=block_c)
+            add_splits(dst, out, hw, interpret=interpret)
         return out
 
     return run
