@@ -74,6 +74,21 @@ def _read_pair(node: fx.Node, modules: dict[str, Any]) -> tuple[fx.Node, fx.Node
     return conv_node, conv_node.args[0]
 
 
+def _split_outputs(gm: fx.GraphModule, both: fx.Node, conv_meta: dict, mean_node: fx.Node) -> None:
+    """After ``both`` took the conv's place (and its users): ``both[0]`` for the conv's users, ``both[1]`` for
+    the mean's, which is erased."""
+    graph = gm.graph
+    with graph.inserting_after(both):
+        y = graph.call_function(operator.getitem, (both, 0))
+    both.replace_all_uses_with(y, delete_user_cb=lambda user: user is not y)
+    y.meta = conv_meta
+    with graph.inserting_after(y):
+        m = graph.call_function(operator.getitem, (both, 1))
+    m.meta = dict(mean_node.meta)
+    mean_node.replace_all_uses_with(m)
+    graph.erase_node(mean_node)
+
+
 def fuse_depthwise_pools(gm: fx.GraphModule) -> list[GraphRewrite]:
     """Make every qualifying depthwise conv and its spatial mean one :class:`PooledDepthwise` call (see the
     module docstring). Returns what was fused (kind ``depthwise_pool``; empty: ``gm`` is unchanged)."""
@@ -82,20 +97,11 @@ def fuse_depthwise_pools(gm: fx.GraphModule) -> list[GraphRewrite]:
     # A second mean of one conv's output reads the first's getitem by the time it is read: left as it is.
     for mean_node, (conv_node, x) in candidates(gm, _read_pair):
         pooled = PooledDepthwise(modules[str(conv_node.target)], modules[str(mean_node.target)])
+        source = str(mean_node.meta.get("source_module") or mean_node.name)
         conv_meta = dict(conv_node.meta)
         both = replace_with_module(gm, conv_node, "pooled_depthwise", pooled, (x,))
-        both.meta = {key: value for key, value in conv_meta.items() if key != "tensor_meta"}
-        graph = gm.graph
-        with graph.inserting_after(both):
-            y = graph.call_function(operator.getitem, (both, 0))
-        both.replace_all_uses_with(y, delete_user_cb=lambda user: user is not y)
-        y.meta = conv_meta
-        with graph.inserting_after(y):
-            m = graph.call_function(operator.getitem, (both, 1))
-        m.meta = dict(mean_node.meta)
-        mean_node.replace_all_uses_with(m)
-        graph.erase_node(mean_node)
-        source = str(mean_node.meta.get("source_module") or mean_node.name)
+        both.meta = {key: value for key, value in conv_meta.items() if key != "tensor_meta"}  # a pair, not a tensor
+        _split_outputs(gm, both, conv_meta, mean_node)
         found.append(GraphRewrite("depthwise_pool", source, DESCRIPTION, [mean_node.name]))
     finish(gm, bool(found))
     return found

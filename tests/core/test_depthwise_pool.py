@@ -223,9 +223,7 @@ def test_gpu_kernel_writes_the_output_and_its_mean_for_every_tile(k: int, stride
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    "shape", [(1, 96, 112, 112, 3, 2), (32, 240, 28, 28, 5, 1), (32, 1152, 7, 7, 5, 1)], ids=str
-)
+@pytest.mark.parametrize("shape", [(1, 96, 112, 112, 3, 2), (32, 240, 28, 28, 5, 1), (32, 1152, 7, 7, 5, 1)], ids=str)
 def test_gpu_kernel_on_efficientnet_layers(shape: tuple[int, ...]) -> None:
     n, c, h, w_, k, stride = shape
     x = torch.randn(n, c, h, w_, device="cuda").half().to(memory_format=torch.channels_last)
