@@ -20,6 +20,7 @@ from torch import nn
 import fuser
 from fuser.activations import Activation
 from fuser.kernels import conv2d_act, pack_conv_weight
+from fuser.kernels.channel_mean import add_splits
 from fuser.kernels.depthwise import depthwise_candidates
 from fuser.kernels.epilogue import Epilogue
 from fuser.kernels.tile_config import TileConfig
@@ -72,6 +73,18 @@ def test_kernel_mean_of_16_bit_outputs_sums_in_float32(dtype: torch.dtype) -> No
     # one rounding to the dtype: the sums did not run in 16 bits
     stored = y.double().mean((2, 3))
     assert ((pool.double() - stored).abs() <= torch.finfo(dtype).eps * stored.abs() + 1e-6).all()
+
+
+@pytest.mark.parametrize("splits", [1, 5, 71], ids=lambda s: f"{s}-splits")
+def test_add_splits_sums_every_split_in_a_fixed_order(splits: int) -> None:
+    """The pool's second step over more splits than one step reads (a 112x112 layer has hundreds)."""
+    part = torch.randn(3, splits, 37) + 0.5
+    out = torch.empty(3, 37)
+    add_splits(part, out, 999, interpret=True)
+    assert_close(out, part.double().sum(1) / 999, "ieee")
+    again = torch.empty(3, 37)
+    add_splits(part, again, 999, interpret=True)
+    assert torch.equal(again, out)
 
 
 def test_kernel_refuses_a_pool_it_cannot_write_by_name() -> None:

@@ -104,7 +104,7 @@ def test_channel_mean_compiles(final: bool) -> None:
     constexprs = {"FINAL": final, "BLOCK_P": 32, "BLOCK_C": 64}
     assert compile_sm90(channel_mean._channel_sum_kernel, pointers, constexprs).asm["ptx"]
     pointers = {"part_ptr": "*fp32", "out_ptr": "*fp16"}
-    assert compile_sm90(channel_mean._add_splits_kernel, pointers, {"BLOCK_C": 64}).asm["ptx"]
+    assert compile_sm90(channel_mean._add_splits_kernel, pointers, {"BLOCK_S": 32, "BLOCK_C": 64}).asm["ptx"]
 
 
 def test_pool_pyramid_compiles_with_its_window_rows_as_a_loop() -> None:
