@@ -401,8 +401,11 @@ class FusedConv2d(_FusedBase):
         over its pixels, where one launch gives both: called eagerly on a depthwise conv, the kernel sums ``m``
         as it stores ``y`` (fuser.rewrite.depthwise_pool), and the torch reference computes it. ``m`` is None
         where only the custom op runs (torch.compile, exporters, tracers, inputs that need gradients): the
-        caller then takes the mean of ``y`` itself, as the graph did."""
+        caller then takes the mean of ``y`` itself, as the graph did. So it is where this module has forward
+        hooks (fuser.verify and fuser.diagnose record its output through them): ``self(x)`` runs them."""
         if torch.compiler.is_compiling() or is_decomposed() or torch.jit.is_tracing() or type(x) is not torch.Tensor:
+            return self(x), None
+        if self._forward_hooks or self._forward_pre_hooks:
             return self(x), None
         if x.dim() != 4 or (torch.is_grad_enabled() and x.requires_grad):
             return self(x), None

@@ -27,7 +27,7 @@ from fuser.kernels.conv_choice import ConvKernel, conv_kernel
 from fuser.lower.fused_modules import FusedConv2d
 from fuser.report import GraphRewrite
 from fuser.rewrite.channel_mean import FusedChannelMean
-from fuser.rewrite.node_pass import candidates, finish, replace_with_module
+from fuser.rewrite.node_pass import candidates, finish
 
 DESCRIPTION = "mean over H, W summed in the depthwise conv's epilogue: its separate reduction kernel eliminated"
 
@@ -55,8 +55,8 @@ def _is_depthwise(conv: FusedConv2d) -> bool:
     return kernel == ConvKernel.DEPTHWISE
 
 
-def _read_pair(node: fx.Node, modules: dict[str, Any]) -> tuple[fx.Node, fx.Node] | None:
-    """``(conv_node, x)`` when ``node`` is a fused channel mean of a depthwise fused conv's output, the conv
+def _read_pair(node: fx.Node, modules: dict[str, Any]) -> fx.Node | None:
+    """The conv's node when ``node`` is a fused channel mean of a depthwise fused conv's output, the conv
     called as ``conv(x)`` with a 4-D output (see the module docstring), else None."""
     if node.op != "call_module" or not isinstance(modules.get(str(node.target)), FusedChannelMean):
         return None
@@ -71,17 +71,18 @@ def _read_pair(node: fx.Node, modules: dict[str, Any]) -> tuple[fx.Node, fx.Node
     meta = conv_node.meta.get("tensor_meta")
     if meta is not None and len(getattr(meta, "shape", ())) != 4:
         return None
-    return conv_node, conv_node.args[0]
+    return conv_node
 
 
-def _split_outputs(gm: fx.GraphModule, both: fx.Node, conv_meta: dict, mean_node: fx.Node) -> None:
-    """After ``both`` took the conv's place (and its users): ``both[0]`` for the conv's users, ``both[1]`` for
-    the mean's, which is erased."""
+def _split_outputs(gm: fx.GraphModule, both: fx.Node, mean_node: fx.Node) -> None:
+    """After ``both`` (the conv's node) became a call of the pair: ``both[0]`` for the conv's users, ``both[1]``
+    for the mean's, which is erased."""
     graph = gm.graph
     with graph.inserting_after(both):
         y = graph.call_function(operator.getitem, (both, 0))
     both.replace_all_uses_with(y, delete_user_cb=lambda user: user is not y)
-    y.meta = conv_meta
+    y.meta = dict(both.meta)
+    both.meta.pop("tensor_meta", None)  # a pair now, not a tensor
     with graph.inserting_after(y):
         m = graph.call_function(operator.getitem, (both, 1))
     m.meta = dict(mean_node.meta)
@@ -91,17 +92,18 @@ def _split_outputs(gm: fx.GraphModule, both: fx.Node, conv_meta: dict, mean_node
 
 def fuse_depthwise_pools(gm: fx.GraphModule) -> list[GraphRewrite]:
     """Make every qualifying depthwise conv and its spatial mean one :class:`PooledDepthwise` call (see the
-    module docstring). Returns what was fused (kind ``depthwise_pool``; empty: ``gm`` is unchanged)."""
+    module docstring). Returns what was fused (kind ``depthwise_pool``; empty: ``gm`` is unchanged).
+
+    The pair takes the conv's name and node, so ``gm``'s fused layers stay in the order of the report's chains
+    (fuser.verification ties them up by that order)."""
     found: list[GraphRewrite] = []
     modules = dict(gm.named_modules())
     # A second mean of one conv's output reads the first's getitem by the time it is read: left as it is.
-    for mean_node, (conv_node, x) in candidates(gm, _read_pair):
-        pooled = PooledDepthwise(modules[str(conv_node.target)], modules[str(mean_node.target)])
+    for mean_node, conv_node in candidates(gm, _read_pair):
+        name = str(conv_node.target)
+        gm.add_submodule(name, PooledDepthwise(modules[name], modules[str(mean_node.target)]))
         source = str(mean_node.meta.get("source_module") or mean_node.name)
-        conv_meta = dict(conv_node.meta)
-        both = replace_with_module(gm, conv_node, "pooled_depthwise", pooled, (x,))
-        both.meta = {key: value for key, value in conv_meta.items() if key != "tensor_meta"}  # a pair, not a tensor
-        _split_outputs(gm, both, conv_meta, mean_node)
+        _split_outputs(gm, conv_node, mean_node)
         found.append(GraphRewrite("depthwise_pool", source, DESCRIPTION, [mean_node.name]))
     finish(gm, bool(found))
     return found

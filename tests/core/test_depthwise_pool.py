@@ -19,6 +19,7 @@ from torch import nn
 
 import fuser
 from fuser.activations import Activation
+from fuser.diagnose import layer_errors
 from fuser.kernels import conv2d_act, pack_conv_weight
 from fuser.kernels.channel_mean import add_splits
 from fuser.kernels.depthwise import depthwise_candidates
@@ -175,6 +176,18 @@ def test_every_se_pool_of_a_depthwise_conv_is_fused_and_right(backend: str) -> N
     assert_close(first, reference64(model, x), "ieee", backend)
     assert torch.equal(first, kept), "call k's output changed by call k+1"
     assert not torch.equal(second, first)
+
+
+def test_verify_and_diagnose_still_compare_the_paired_depthwise_convs() -> None:
+    model, x = _model(), torch.randn(3, 5, 27, 21)
+    fast = fuser.optimize(model, (x,), precision="ieee", backend="interpret")
+    result = fuser.verify(model, fast, (x,))
+    assert result.ok and not result.notes, str(result)
+    names = [c.name for c in result.layers]
+    assert len(names) == len(fast.fusion_report.fused) and sum(n.endswith(".conv") for n in names) == 2, names
+    assert all(c.rel_error < 1e-5 for c in result.layers), str(result)
+    errors = layer_errors(fast, x)
+    assert sum(e.name.endswith(".conv") for e in errors) == 2 and all(e.rel_error < 1e-5 for e in errors)
 
 
 def test_efficientnet_every_se_pool_is_summed_by_its_depthwise_conv() -> None:
