@@ -11,8 +11,8 @@ partial sums: the output is never read again for the pool. The pixel tiles are t
 over images, tiles of ``OH * OW`` rows each) rather than over all ``N * OH * OW`` rows, so that a tile's sum
 belongs to one image. Splitting a straddling tile's sum by image instead would keep the tiling but cost a
 masked sum per image the tile touches (up to three for a 7x7 layer's 64-row tile) and a reduction that must
-find each image's programs; the per-image tiles cost only the idle rows of each image's last tile, which
-load and store nothing.
+find each image's programs; the per-image tiles cost only the idle rows of each image's last tile, whose
+lanes are masked (they load and store nothing, but their programs still walk the taps).
 """
 
 from __future__ import annotations
