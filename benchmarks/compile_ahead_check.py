@@ -27,6 +27,7 @@ import contextlib
 import cProfile
 import dataclasses
 import datetime
+import hashlib
 import json
 import os
 import pstats
@@ -54,6 +55,7 @@ class Recorder:
         self.results: list[tuple[Any, Any]] = []
         self.compiles: list[dict[str, Any]] = []
         self._parts: dict[str, dict[str, str]] = {}
+        self.launcher_s, self.launcher_calls = 0.0, 0
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[Recorder]:
@@ -75,10 +77,13 @@ class Recorder:
             return result
 
         def key(src: Any, backend: Any, options: Any, env_vars: dict[str, str]) -> str:
-            with contextlib.suppress(Exception):
-                parts = precompile.cache_key_parts(src, backend, options, env_vars)
-                self._parts[parts["hash"]] = parts
-            return real_key(src, backend, options, env_vars)
+            # The JIT asks for keys far more often than it compiles: take each key's parts apart once.
+            full = real_key(src, backend, options, env_vars)
+            digest = hashlib.sha256(full.encode("utf-8")).hexdigest()
+            if digest not in self._parts:
+                with contextlib.suppress(Exception):
+                    self._parts[digest] = precompile.cache_key_parts(src, backend, options, env_vars)
+            return full
 
         def listener(*, src: Any, metadata: dict[str, Any], cache_hit: bool, **kwargs: Any) -> None:
             digest = str(metadata.get("hash", ""))
@@ -89,10 +94,40 @@ class Recorder:
         precompile.Workers.submit, precompile._Worker.compile = record_submit, record_result  # type: ignore[method-assign]
         triton_compiler.get_cache_key, knobs.compilation.listener = key, listener
         try:
-            yield self
+            with self._timing_launchers():
+                yield self
         finally:
             precompile.Workers.submit, precompile._Worker.compile = submit, worker_compile  # type: ignore[method-assign]
             triton_compiler.get_cache_key, knobs.compilation.listener = real_key, previous
+
+    @contextlib.contextmanager
+    def _timing_launchers(self) -> Iterator[None]:
+        """Seconds this process spends getting C launchers (Triton up to 3.8 builds one per kernel
+        signature, with the C compiler, unless a worker left it in the cache: precompile.build_launcher)."""
+        try:
+            from triton.backends.nvidia import driver as nvidia_driver
+        except ImportError:
+            yield
+            return
+        real = getattr(nvidia_driver, "compile_module_from_src", None)
+        if real is None or not hasattr(nvidia_driver, "make_launcher"):
+            yield
+            return
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                if kwargs.get("name") == "__triton_launcher":
+                    self.launcher_s += time.perf_counter() - start
+                    self.launcher_calls += 1
+
+        nvidia_driver.compile_module_from_src = timed
+        try:
+            yield
+        finally:
+            nvidia_driver.compile_module_from_src = real
 
     def misses(self) -> list[dict[str, Any]]:
         """Each JIT compile that missed the cache, with what tells it from the variants compiled ahead."""
@@ -249,6 +284,8 @@ def child(spec: str, out: Path, simulate: str | None, profile: bool = False) -> 
         "jit_compiles": len(recorder.compiles),
         "jit_hits": hits,
         "jit_misses": len(recorder.compiles) - hits,
+        "launchers_here": recorder.launcher_calls,
+        "launcher_s_here": round(recorder.launcher_s, 2),
         "misses": recorder.misses(),
         "listed": [v.describe() for v in recorder.submitted],
     }

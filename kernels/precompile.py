@@ -328,13 +328,15 @@ def adopt_function_key(function: Any, key: str) -> bool:
 @dataclass(frozen=True)
 class Compiled:
     """One variant compiled into the cache: seconds, the key it is filed under, whether the worker had to
-    adopt the listing process's source key (:func:`adopt_function_key`), and where that key is not the
-    one the listing process computed (``Variant.cache_hash``), the worker's :func:`key_parts`."""
+    adopt the listing process's source key (:func:`adopt_function_key`), where that key is not the
+    one the listing process computed (``Variant.cache_hash``) the worker's :func:`key_parts`, and whether
+    it also built the variant's C launcher (:func:`build_launcher`)."""
 
     seconds: float
     cache_hash: str = ""
     adopted: bool = False
     parts: dict[str, str] | None = None
+    launcher: bool = False
 
     def differs(self, variant: Variant) -> list[str]:
         """The key fields on which this process and the worker disagree for ``variant``."""
@@ -353,12 +355,35 @@ def compile_one(variant: Variant) -> Compiled:
     function = _resolve(variant.kernel)
     adopted = adopt_function_key(function, variant.function_key)
     compiled = triton.compile(_source(variant, function), target=variant.target, options=dict(variant.options))
+    launcher = False
+    with contextlib.suppress(Exception):  # the listing process builds it at the launch, as without this module
+        launcher = build_launcher(variant, compiled)
     seconds, filed = time.perf_counter() - start, str(getattr(compiled, "hash", ""))
     parts = None
     if variant.cache_hash and filed and filed != variant.cache_hash:
         with contextlib.suppress(Exception):
             parts = key_parts(variant, function)
-    return Compiled(seconds, filed, adopted, parts)
+    return Compiled(seconds, filed, adopted, parts, launcher)
+
+
+def build_launcher(variant: Variant, compiled: Any) -> bool:
+    """Build ``compiled``'s C launcher into Triton's cache where this Triton compiles one per kernel
+    signature; True where it did.
+
+    Triton up to 3.8 generates a C launcher per signature (``make_launcher``) and compiles it with the
+    system C compiler when the kernel first loads, in the loading process: a cold optimize() of YOLOv8n
+    on the H200 (triton 3.6) waited about 4 s on those compiles in its first forward, one after the
+    other, after the workers were done. Built here, the first forward finds each in the cache (keyed by
+    the launcher's source, which depends only on the signature and constants the worker compiled with).
+    Later Triton launches every kernel through one generic launcher: nothing to build."""
+    if variant.target.backend != "cuda":
+        return False
+    from triton.backends.nvidia import driver as nvidia_driver
+
+    if not hasattr(nvidia_driver, "make_launcher"):
+        return False
+    nvidia_driver.CudaLauncher(compiled.src, compiled.metadata)
+    return True
 
 
 def default_workers() -> int:
@@ -503,6 +528,7 @@ class Workers:
             with self._lock:
                 self._times.append((result.seconds, variant.name))
                 self._adopted += result.adopted
+                self._launchers += result.launcher
                 if variant.cache_hash and result.cache_hash and result.cache_hash != variant.cache_hash:
                     self._mismatched.append((variant, result))
                 if progress is not None:
@@ -543,6 +569,7 @@ class Workers:
         report = CompileReport(
             self._submitted, len(self._workers), time.perf_counter() - self._start, len(failed),
             sum(t for t, _ in self._times), longest[0], longest[1], self._adopted, len(self._mismatched),
+            self._launchers,
         )  # fmt: skip
         self._reset()
         if progress is not None:
@@ -555,6 +582,7 @@ class Workers:
         self._failed: list[tuple[Variant, str]] = []  # by a worker: compiled again here
         self._times: list[tuple[float, str]] = []
         self._adopted = 0
+        self._launchers = 0
         self._mismatched: list[tuple[Variant, Compiled]] = []  # filed under another key than the JIT's
         self._submitted = 0
         self._start = time.perf_counter()
@@ -567,7 +595,7 @@ class CompileReport:
     workers overlapped) and the longest one's (a floor on ``seconds``) with its kernel; the variants whose
     worker adopted this process's source key of their kernel (:func:`adopt_function_key`: Triton 3.6)
     and those filed under another key than this process's JIT looks up all the same (a warning names
-    them and the key fields that differ)."""
+    them and the key fields that differ); the C launchers the workers built (:func:`build_launcher`)."""
 
     variants: int
     workers: int
@@ -578,6 +606,7 @@ class CompileReport:
     longest_kernel: str = ""
     adopted_function_keys: int = 0
     key_mismatches: int = 0
+    launchers_built: int = 0
 
 
 class CompileProgress(Progress):

@@ -437,3 +437,27 @@ def test_compile_progress_line():
     quiet = io.StringIO()
     precompile.CompileProgress(quiet, min_variants=8).finish(precompile.CompileReport(3, 2, 1.0))
     assert quiet.getvalue() == ""
+
+
+@needs_ptxas
+def test_a_compile_also_builds_the_launcher_where_triton_compiles_one_per_signature(
+    triton_cache: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """On a Triton that generates a C launcher per kernel signature (up to 3.8), a worker builds it with
+    the compiled kernel's own source and metadata, so the listing process's first forward finds it; on a
+    Triton without per-signature launchers nothing is built."""
+    from triton.backends.nvidia import driver as nvidia_driver
+
+    variant = next(v for v in collect(gemm_layer) if v.name == "_gemm_act_kernel")
+    built: list[tuple[Any, Any]] = []
+    with monkeypatch.context() as patch:
+        patch.delattr(nvidia_driver, "make_launcher", raising=False)
+        assert not precompile.compile_one(variant).launcher
+    with monkeypatch.context() as patch:
+        patch.setattr(nvidia_driver, "make_launcher", lambda *args: "", raising=False)
+        patch.setattr(nvidia_driver, "CudaLauncher", lambda src, metadata: built.append((src, metadata)))
+        result = precompile.compile_one(variant)
+    assert result.launcher and len(built) == 1
+    src, metadata = built[0]
+    assert src.fn is gemm._gemm_act_kernel and dict(src.constants) == dict(variant.constants)
+    assert metadata.num_warps == dict(variant.options)["num_warps"]
