@@ -10,7 +10,10 @@ compiled, how many of them had to adopt the listing process's source key of thei
 process computed; then every compile this process's JIT did during optimize() (Triton's compilation
 listener: a cache hit is a load of what a worker compiled, a miss a compile here), the cold optimize()
 seconds, and for each miss the fields of Triton's cache key (``precompile.cache_key_parts``) in which it
-differs from the nearest variant the workers compiled -- or that no variant of its kernel was listed.
+differs from the nearest variant the workers compiled -- or that no variant of its kernel was listed;
+on a GPU also ``phases_s``, the seconds of optimize()'s steps (:data:`PHASES`: the model copy, the graph
+passes, compiling ahead with the collecting forward and the wait for the workers, the CUDA graph's
+warm-up and recording), so the seconds outside the workers are named.
 A short table comes last; the rows go to ``compile-ahead-check-<date>.json`` under ``--out``.
 
 ``--simulate`` (no GPU): the same steps planned as on an sm_90 GPU, with an interpreter-fused model and
@@ -244,6 +247,45 @@ def profile_top(profile: cProfile.Profile, count: int) -> dict[str, list[list[An
     return {"cumulative": top(3), "own": top(2)}
 
 
+# The steps of a cold optimize() on CUDA, timed by wrapping them: (module, class or None, function).
+PHASES = [
+    ("fuser.api", None, "_working_copy"),
+    ("fuser.api", None, "_run_pipeline"),
+    ("fuser.kernels.precompile", "Ahead", "compile"),
+    ("fuser.kernels.precompile", "Workers", "finish"),
+    ("fuser.runtime.cuda_graphs", "CudaCapture", "warm_up"),
+    ("fuser.runtime.cuda_graphs", "CudaCapture", "record"),
+]
+
+
+@contextlib.contextmanager
+def phase_timers(seconds: dict[str, float]) -> Iterator[None]:
+    """Add each :data:`PHASES` step's wall seconds into ``seconds`` (by ``Class.function``) while open."""
+    import importlib
+
+    undo = []
+    for module_name, class_name, function_name in PHASES:
+        owner: Any = importlib.import_module(module_name)
+        owner = getattr(owner, class_name) if class_name else owner
+        real = getattr(owner, function_name)
+        label = f"{class_name + '.' if class_name else ''}{function_name}"
+
+        def timed(*args: Any, _real: Any = real, _label: str = label, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return _real(*args, **kwargs)
+            finally:
+                seconds[_label] = round(seconds.get(_label, 0.0) + time.perf_counter() - start, 3)
+
+        setattr(owner, function_name, timed)
+        undo.append((owner, function_name, real))
+    try:
+        yield
+    finally:
+        for owner, function_name, real in undo:
+            setattr(owner, function_name, real)
+
+
 def child(spec: str, out: Path, simulate: str | None, profile: bool = False) -> None:
     import triton
 
@@ -258,7 +300,8 @@ def child(spec: str, out: Path, simulate: str | None, profile: bool = False) -> 
         else _optimize_cuda(name, int(batch), size_arg)
     )
     profiler = cProfile.Profile() if profile else None
-    with recorder.watching():
+    phases: dict[str, float] = {}
+    with recorder.watching(), phase_timers(phases) if not simulate else contextlib.nullcontext():
         start = time.perf_counter()
         if profiler is not None:
             profiler.enable()
@@ -276,6 +319,7 @@ def child(spec: str, out: Path, simulate: str | None, profile: bool = False) -> 
         "torch": torch.__version__,
         "simulated": simulate,
         "optimize_s_cold": round(seconds, 2),
+        "phases_s": phases,
         "variants_listed": len(recorder.submitted),
         "compiled_by_workers": len(recorder.results),
         "adopted_function_keys": sum(r.adopted for _, r in recorder.results),
