@@ -10,7 +10,10 @@ compiled, how many of them had to adopt the listing process's source key of thei
 process computed; then every compile this process's JIT did during optimize() (Triton's compilation
 listener: a cache hit is a load of what a worker compiled, a miss a compile here), the cold optimize()
 seconds, and for each miss the fields of Triton's cache key (``precompile.cache_key_parts``) in which it
-differs from the nearest variant the workers compiled -- or that no variant of its kernel was listed.
+differs from the nearest variant the workers compiled -- or that no variant of its kernel was listed;
+on a GPU also ``phases_s``, the seconds of optimize()'s steps (:data:`PHASES`: the model copy, the graph
+passes, compiling ahead with the collecting forward and the wait for the workers, the CUDA graph's
+warm-up and recording), so the seconds outside the workers are named.
 A short table comes last; the rows go to ``compile-ahead-check-<date>.json`` under ``--out``.
 
 ``--simulate`` (no GPU): the same steps planned as on an sm_90 GPU, with an interpreter-fused model and
@@ -27,6 +30,7 @@ import contextlib
 import cProfile
 import dataclasses
 import datetime
+import hashlib
 import json
 import os
 import pstats
@@ -54,6 +58,7 @@ class Recorder:
         self.results: list[tuple[Any, Any]] = []
         self.compiles: list[dict[str, Any]] = []
         self._parts: dict[str, dict[str, str]] = {}
+        self.launcher_s, self.launcher_calls = 0.0, 0
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[Recorder]:
@@ -75,10 +80,13 @@ class Recorder:
             return result
 
         def key(src: Any, backend: Any, options: Any, env_vars: dict[str, str]) -> str:
-            with contextlib.suppress(Exception):
-                parts = precompile.cache_key_parts(src, backend, options, env_vars)
-                self._parts[parts["hash"]] = parts
-            return real_key(src, backend, options, env_vars)
+            # The JIT asks for keys far more often than it compiles: take each key's parts apart once.
+            full = real_key(src, backend, options, env_vars)
+            digest = hashlib.sha256(full.encode("utf-8")).hexdigest()
+            if digest not in self._parts:
+                with contextlib.suppress(Exception):
+                    self._parts[digest] = precompile.cache_key_parts(src, backend, options, env_vars)
+            return full
 
         def listener(*, src: Any, metadata: dict[str, Any], cache_hit: bool, **kwargs: Any) -> None:
             digest = str(metadata.get("hash", ""))
@@ -89,10 +97,40 @@ class Recorder:
         precompile.Workers.submit, precompile._Worker.compile = record_submit, record_result  # type: ignore[method-assign]
         triton_compiler.get_cache_key, knobs.compilation.listener = key, listener
         try:
-            yield self
+            with self._timing_launchers():
+                yield self
         finally:
             precompile.Workers.submit, precompile._Worker.compile = submit, worker_compile  # type: ignore[method-assign]
             triton_compiler.get_cache_key, knobs.compilation.listener = real_key, previous
+
+    @contextlib.contextmanager
+    def _timing_launchers(self) -> Iterator[None]:
+        """Seconds this process spends getting C launchers (Triton up to 3.8 builds one per kernel
+        signature, with the C compiler, unless a worker left it in the cache: precompile.build_launcher)."""
+        try:
+            from triton.backends.nvidia import driver as nvidia_driver
+        except ImportError:
+            yield
+            return
+        real = getattr(nvidia_driver, "compile_module_from_src", None)
+        if real is None or not hasattr(nvidia_driver, "make_launcher"):
+            yield
+            return
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                if kwargs.get("name") == "__triton_launcher":
+                    self.launcher_s += time.perf_counter() - start
+                    self.launcher_calls += 1
+
+        nvidia_driver.compile_module_from_src = timed
+        try:
+            yield
+        finally:
+            nvidia_driver.compile_module_from_src = real
 
     def misses(self) -> list[dict[str, Any]]:
         """Each JIT compile that missed the cache, with what tells it from the variants compiled ahead."""
@@ -209,6 +247,45 @@ def profile_top(profile: cProfile.Profile, count: int) -> dict[str, list[list[An
     return {"cumulative": top(3), "own": top(2)}
 
 
+# The steps of a cold optimize() on CUDA, timed by wrapping them: (module, class or None, function).
+PHASES = [
+    ("fuser.api", None, "_working_copy"),
+    ("fuser.api", None, "_run_pipeline"),
+    ("fuser.kernels.precompile", "Ahead", "compile"),
+    ("fuser.kernels.precompile", "Workers", "finish"),
+    ("fuser.runtime.cuda_graphs", "CudaCapture", "warm_up"),
+    ("fuser.runtime.cuda_graphs", "CudaCapture", "record"),
+]
+
+
+@contextlib.contextmanager
+def phase_timers(seconds: dict[str, float]) -> Iterator[None]:
+    """Add each :data:`PHASES` step's wall seconds into ``seconds`` (by ``Class.function``) while open."""
+    import importlib
+
+    undo = []
+    for module_name, class_name, function_name in PHASES:
+        owner: Any = importlib.import_module(module_name)
+        owner = getattr(owner, class_name) if class_name else owner
+        real = getattr(owner, function_name)
+        label = f"{class_name + '.' if class_name else ''}{function_name}"
+
+        def timed(*args: Any, _real: Any = real, _label: str = label, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return _real(*args, **kwargs)
+            finally:
+                seconds[_label] = round(seconds.get(_label, 0.0) + time.perf_counter() - start, 3)
+
+        setattr(owner, function_name, timed)
+        undo.append((owner, function_name, real))
+    try:
+        yield
+    finally:
+        for owner, function_name, real in undo:
+            setattr(owner, function_name, real)
+
+
 def child(spec: str, out: Path, simulate: str | None, profile: bool = False) -> None:
     import triton
 
@@ -223,7 +300,8 @@ def child(spec: str, out: Path, simulate: str | None, profile: bool = False) -> 
         else _optimize_cuda(name, int(batch), size_arg)
     )
     profiler = cProfile.Profile() if profile else None
-    with recorder.watching():
+    phases: dict[str, float] = {}
+    with recorder.watching(), phase_timers(phases) if not simulate else contextlib.nullcontext():
         start = time.perf_counter()
         if profiler is not None:
             profiler.enable()
@@ -241,6 +319,7 @@ def child(spec: str, out: Path, simulate: str | None, profile: bool = False) -> 
         "torch": torch.__version__,
         "simulated": simulate,
         "optimize_s_cold": round(seconds, 2),
+        "phases_s": phases,
         "variants_listed": len(recorder.submitted),
         "compiled_by_workers": len(recorder.results),
         "adopted_function_keys": sum(r.adopted for _, r in recorder.results),
@@ -249,6 +328,8 @@ def child(spec: str, out: Path, simulate: str | None, profile: bool = False) -> 
         "jit_compiles": len(recorder.compiles),
         "jit_hits": hits,
         "jit_misses": len(recorder.compiles) - hits,
+        "launchers_here": recorder.launcher_calls,
+        "launcher_s_here": round(recorder.launcher_s, 2),
         "misses": recorder.misses(),
         "listed": [v.describe() for v in recorder.submitted],
     }

@@ -9,6 +9,11 @@ masks for padding, image borders and odd channel counts. Two reduction orders:
   channels per step; the loop is flat so the compiler pipelines loads across taps.
 - flat K (4 < C_in / groups < 16): K itself is tiled, each element decoding its own (kh, kw, c), so
   a 3x3x5 patch is two 32-wide steps instead of nine 16-wide steps of 5 useful lanes.
+- filter rows (C_in / groups < 16 and a filter row of at least 16 (kw, c) weights: the 7x7 RGB stem,
+  patch embeddings): one step per filter row (or per block of a long row). A row's ``KW * C_in/groups``
+  weights are contiguous in the packed K order, and for an output pixel its inputs sit at the same lane
+  offsets from the row's first tap, so each lane's (kw, c), offset and column bounds are decoded once per
+  row block, and per step only the pixel's row is: flat K decodes and bounds every element every step.
 
 Dispatch follows conv_choice.py (the decision packing and the report read too): depthwise convs go to
 depthwise.py, convs with at most 4 input channels per group (the RGB stem) to the direct kernel of
@@ -29,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .autotune import Problem, TileConfig, matmul_candidates
-from .conv_choice import FLAT_K_BELOW, ConvKernel, conv_kernel
+from .conv_choice import ConvKernel, conv_kernel, reduction_order
 from .depthwise import depthwise_candidates, prepare_depthwise
 from .direct_conv import direct_candidates, prepare_direct
 from .epilogue import NO_EPILOGUE, Epilogue
@@ -126,7 +131,7 @@ def _conv2d_act_kernel(
     # constexprs
     KH: tl.constexpr,
     KW: tl.constexpr,
-    FLAT_K: tl.constexpr,
+    K_ORDER: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ACT: tl.constexpr,
     RESIDUAL: tl.constexpr,
@@ -164,7 +169,29 @@ def _conv2d_act_kernel(
     ps_img = n_idx.to(tl.int64)[:, None] * sps_n
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if FLAT_K:
+    if K_ORDER == 2:  # filter rows: the host makes BLOCK_K >= KW * C_IN_G, one step per filter row
+        row_len = KW * C_IN_G
+        kw = offs_k // C_IN_G
+        c = offs_k - kw * C_IN_G
+        r_ok = offs_k < row_len
+        iw = iw0[:, None] + (kw * dil_w)[None, :]
+        col_ok = m_ok[:, None] & r_ok[None, :] & (iw >= 0) & (iw < W)
+        lane = (kw * dil_w).to(tl.int64) * sx_w + (c * sx_c).to(tl.int64)
+        cols = (x_rows + iw0.to(tl.int64) * sx_w)[:, None] + lane[None, :]
+        ps_col = ((group * C_IN_G + c) * sps_c)[None, :]
+        kh_lo, kh_hi = split_range(KH, split, 1, SPLIT_K)
+        for kh in range(kh_lo, kh_hi):
+            ih = ih0 + kh * dil_h
+            ok = col_ok & ((ih >= 0) & (ih < H))[:, None]
+            a = load_operand(cols + (ih.to(tl.int64) * sx_h)[:, None], ok, ps_ptr, ps_img, ps_col, PROLOGUE)
+            if USE_DESC:
+                # Columns past this row belong to the next filter row; a's zeros cancel them.
+                w = w_ref.load([w_row0, kh * row_len]).T
+            else:
+                w_ptrs = w_ref + channels[None, :].to(tl.int64) * stride_wn + (kh * row_len + offs_k)[:, None]
+                w = tl.load(w_ptrs, mask=n_ok[None, :] & r_ok[:, None], other=0.0)
+            acc = dot_acc(a, w, acc, DOT_PRECISION, UPCAST)
+    elif K_ORDER == 1:  # flat K
         k_lo, k_hi = split_range(K_TOTAL, split, BLOCK_K, SPLIT_K)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             k = k0 + offs_k
@@ -248,16 +275,29 @@ def _padding4(op: str, padding: int | Sequence[int]) -> tuple[int, int, int, int
     return padding  # type: ignore[return-value]
 
 
+K_ORDER = {ConvKernel.IMPLICIT_GEMM: 0, ConvKernel.IMPLICIT_GEMM_FLAT_K: 1, ConvKernel.IMPLICIT_GEMM_ROW_RUNS: 2}
+
+
+def row_block(c_in_g: int, kw: int) -> int:
+    """The filter-row order's K step: one whole row of ``kw * c_in_g`` weights, a power of two."""
+    return max(16, triton.next_power_of_2(kw * c_in_g))
+
+
 def conv_candidates(
-    m: int, c_in_g: int, c_out_g: int, k_total: int, operand_bytes: int, flat_k: bool, taps: int = 1
+    m: int, c_in_g: int, c_out_g: int, k_total: int, operand_bytes: int, order: ConvKernel, kh: int = 1, kw: int = 1
 ) -> list[TileConfig]:
     """Tile configs worth measuring for one convolution (first = default), small-grid split-K variants
-    included (splitk.py). ``taps`` is KH * KW, the channel-block loop's outer length."""
-    if flat_k:
+    included (splitk.py). ``order`` is the reduction order (conv_choice.reduction_order) and ``kh x kw`` the
+    filter: the channel-block loop walks ``kh * kw`` taps, the filter-row loop ``kh`` rows."""
+    if order == ConvKernel.IMPLICIT_GEMM_FLAT_K:
         bk = min(64, max(16, triton.next_power_of_2(k_total)))
+        steps = lambda c: cdiv(k_total, c.block_k)
+    elif order == ConvKernel.IMPLICIT_GEMM_ROW_RUNS:
+        bk = row_block(c_in_g, kw)
+        steps = lambda c: kh
     else:
         bk = min(64 if operand_bytes == 2 else 32, max(16, triton.next_power_of_2(c_in_g)))
-    steps = (lambda c: cdiv(k_total, c.block_k)) if flat_k else (lambda c: taps * cdiv(c_in_g, c.block_k))
+        steps = lambda c: kh * kw * cdiv(c_in_g, c.block_k)
     return split_k_candidates(matmul_candidates(m, c_out_g, k_total, bk), m, c_out_g, steps)
 
 
@@ -284,8 +324,7 @@ def conv2d_tile_candidates(
         return direct_candidates(c_out // groups)
     if kernel == ConvKernel.GEMM_1X1:
         return gemm_candidates(n * h * w, c_out, c_in, elem)
-    flat_k = c_in_g < FLAT_K_BELOW
-    return conv_candidates(n * oh * ow, c_in_g, c_out // groups, weight.k_total, elem, flat_k, kh * kw)
+    return conv_candidates(n * oh * ow, c_in_g, c_out // groups, weight.k_total, elem, kernel, kh, kw)
 
 
 VIRTUAL_CAT_ALIGN = 16  # the smallest channel block: the first source's channels must be a multiple of it
@@ -633,22 +672,26 @@ def prepare_implicit_gemm(
     c_in_g, c_out_g = c_in // groups, c_out // groups
     m = n * oh * ow
     k_total = weight.k_total
-    flat_k = c_in_g < FLAT_K_BELOW
+    order = reduction_order(c_in_g, kw)
+    flat_k = order != ConvKernel.IMPLICIT_GEMM  # flat K or filter rows: K runs across taps
     rows = lambda t: t.as_strided((m, c_out), (t.stride(2), 1))
     out2 = rows(out_nhwc)
     elem = w_data.element_size()
+    # Each step reads the weights from a multiple of this many columns (flat K: of BLOCK_K, always aligned);
+    # a descriptor load must start 16-byte aligned.
+    k_unit = {ConvKernel.IMPLICIT_GEMM_FLAT_K: 16, ConvKernel.IMPLICIT_GEMM_ROW_RUNS: kw * c_in_g}.get(order, c_in_g)
     can_desc = (
         groups == 1
         and aligned_2d(w_data)
         and aligned_2d(out2)
-        and (flat_k or (c_in_g * elem) % 16 == 0)
+        and (k_unit * elem) % 16 == 0
         and descriptors_available(x.device)
     )
     if path == "descriptor" and not can_desc:
         raise ValueError(
             f"{op}: the descriptor path needs groups == 1, 16-byte aligned output rows (C_out={c_out}, "
-            f"{x.dtype}), C_in={c_in} aligned to 16 bytes in {w_data.dtype} (or C_in < {FLAT_K_BELOW}), "
-            "and a GPU with TMA"
+            f"{x.dtype}), and each K step's first weight column 16-byte aligned in {w_data.dtype} (C_in={c_in} "
+            f"for channel blocks, KW * C_in = {kw * c_in_g} for filter rows, any for flat K), and a GPU with TMA"
         )
     use_desc = can_desc and path != "pointer"
     res_strides = res4.stride() if res4 is not None else (0, 0, 0, 0)
@@ -667,7 +710,7 @@ def prepare_implicit_gemm(
     constexprs = {
         "KH": kh,
         "KW": kw,
-        "FLAT_K": flat_k,
+        "K_ORDER": K_ORDER[order],
         "VIRTUAL_CAT": virtual is not None,
         "UP": virtual[1] if virtual is not None else 1,
         "HAS_BIAS": bias32 is not None,
@@ -685,6 +728,8 @@ def prepare_implicit_gemm(
     res_rows = (res_strides[0], res_strides[2], res_strides[3], res_strides[1])
 
     def runner(config: TileConfig) -> Callable[..., Any]:
+        if order == ConvKernel.IMPLICIT_GEMM_ROW_RUNS:  # one K step per filter row, whatever the config
+            config = dataclasses.replace(config, block_k=row_block(c_in_g, kw))
         options = call.options(config)
         grid = (cdiv(m, config.block_m) * cdiv(c_out_g, config.block_n), groups, config.split_k)
         w_block, out_block = [config.block_n, config.block_k], [config.block_m, config.block_n]
@@ -725,7 +770,7 @@ def prepare_implicit_gemm(
         "precision": precision.value,
         "descriptor": use_desc,
     }
-    candidates = conv_candidates(m, c_in_g, c_out_g, k_total, elem, flat_k, kh * kw)
+    candidates = conv_candidates(m, c_in_g, c_out_g, k_total, elem, order, kh, kw)
     interpret_config = INTERPRET_CONFIG if flat_k or c_in_g > 16 else INTERPRET_CONFIG_NARROW
     x2 = None
     if virtual is not None:

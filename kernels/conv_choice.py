@@ -11,8 +11,10 @@ The order, first match wins:
 2. at most ``MAX_DIRECT_CIN`` input channels per group and at most ``MAX_DIRECT_TAPS`` multiply-adds per
    output (the RGB stem, any stride or padding): the direct kernel (direct_conv.py);
 3. 1x1, stride 1, no padding, one group: the plain GEMM on the NHWC rows (gemm.py);
-4. everything else: the implicit GEMM (conv.py), reducing over flat K below ``FLAT_K_BELOW`` input
-   channels per group and over (tap, channel block) steps above.
+4. everything else: the implicit GEMM (conv.py), reducing over (tap, channel block) steps from
+   ``FLAT_K_BELOW`` input channels per group up; below it over filter rows where a row holds at least
+   ``ROW_RUN_MIN`` to ``ROW_RUN_MAX`` (kw, channel) weights (the 7x7 RGB stem, patch embeddings), else over
+   flat K.
 
 Stride and padding only choose between the two tensor-core kernels (3 and 4), so a caller that does not
 know them (packing) gets the right layout and rounding from the defaults. Split-K is not a different
@@ -27,6 +29,11 @@ from collections.abc import Sequence
 MAX_DIRECT_CIN = 4
 MAX_DIRECT_TAPS = 64  # the direct kernel unrolls C_in/groups x KH x KW multiply-adds per output
 FLAT_K_BELOW = 16  # below this many input channels per group the flat-K order wastes fewer lanes
+# A filter row of KW * C_in/groups weights is one contiguous run of the packed K order and of the NHWC input
+# (for each output pixel): from this long a run, reducing row by row decodes the lanes once per row instead
+# of every element's (kh, kw, c) and bounds per step, which bound the 7x7 stem at batch 32 (kernels/NOTES.md).
+ROW_RUN_MIN = 16
+ROW_RUN_MAX = 128  # a row is one K step (conv.py): longer rows take the flat order
 
 
 class ConvKernel(str, enum.Enum):
@@ -37,6 +44,7 @@ class ConvKernel(str, enum.Enum):
     GEMM_1X1 = "gemm (1x1 conv)"
     IMPLICIT_GEMM = "implicit-gemm conv"
     IMPLICIT_GEMM_FLAT_K = "implicit-gemm conv (flat K)"
+    IMPLICIT_GEMM_ROW_RUNS = "implicit-gemm conv (filter rows)"
 
     @property
     def triton_function(self) -> str:
@@ -87,4 +95,13 @@ def conv_kernel(
         return ConvKernel.DIRECT
     if (kh, kw) == (1, 1) and tuple(stride) == (1, 1) and not _has_padding(padding) and groups == 1:
         return ConvKernel.GEMM_1X1
-    return ConvKernel.IMPLICIT_GEMM_FLAT_K if c_in_g < FLAT_K_BELOW else ConvKernel.IMPLICIT_GEMM
+    return reduction_order(c_in_g, kw)
+
+
+def reduction_order(c_in_g: int, kw: int) -> ConvKernel:
+    """How the implicit GEMM walks its reduction for ``c_in_g`` input channels per group and filters ``kw``
+    wide: one of the three ``IMPLICIT_GEMM*`` choices (conv.py's ``K_ORDER``)."""
+    if c_in_g >= FLAT_K_BELOW:
+        return ConvKernel.IMPLICIT_GEMM
+    rows = ROW_RUN_MIN <= kw * c_in_g <= ROW_RUN_MAX
+    return ConvKernel.IMPLICIT_GEMM_ROW_RUNS if rows else ConvKernel.IMPLICIT_GEMM_FLAT_K

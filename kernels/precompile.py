@@ -33,8 +33,8 @@ the cores. Why processes started by :class:`Workers` rather than a ``multiproces
 
 A variant a worker fails to compile is named in a warning (kernel, constexprs, warps, stages) and
 compiled in this process instead; where that fails too, its launch raises Triton's error as it would have
-without this module. ``FUSER_COMPILE_WORKERS`` sets the number of workers (``auto``: one per core; the
-default 0 compiles nothing ahead, see :func:`default_workers`).
+without this module. ``FUSER_COMPILE_WORKERS`` sets the number of workers (``auto``, the default: one per
+core; 0 compiles nothing ahead, see :func:`default_workers`).
 
 Without a GPU, :func:`collecting` with ``simulate="sm90"`` lists the variants a model would need on that
 architecture from an interpreter run (fuser.kernels.launch.simulating): how the specializations were
@@ -98,6 +98,7 @@ class Variant:
     key: str = field(default="", repr=False)
     function_key: str = field(default="", repr=False)  # the kernel's JITFunction.cache_key where it was listed
     cache_hash: str = field(default="", repr=False)  # Triton's on-disk key of it there ("": not computable)
+    launcher: bool = True  # also build its C launcher (build_launcher): the first variant of a launcher_key
 
     @property
     def name(self) -> str:
@@ -107,6 +108,14 @@ class Variant:
         index = path[0] if isinstance(path, tuple) else path
         names = list(self.signature)
         return names[index] if isinstance(index, int) and index < len(names) else str(index)
+
+    def launcher_key(self) -> tuple[Any, ...]:
+        """What a per-signature C launcher (:func:`build_launcher`) is generated from: the parameters' types
+        and which of them are compiled in as constants; with tensor descriptors also the constants' values
+        (the descriptors' block shapes are tile constexprs). Variants of one key share one launcher."""
+        described = any("tensordesc" in str(kind) for kind in self.signature.values())
+        constants = sorted((str(path), str(value) if described else "") for path, value in self.constants.items())
+        return tuple(self.signature.items()), tuple(constants)
 
     def constexprs(self) -> dict[str, Any]:
         """The declared constexprs (tile sizes, epilogue switches) by name; not the ints Triton made
@@ -328,13 +337,15 @@ def adopt_function_key(function: Any, key: str) -> bool:
 @dataclass(frozen=True)
 class Compiled:
     """One variant compiled into the cache: seconds, the key it is filed under, whether the worker had to
-    adopt the listing process's source key (:func:`adopt_function_key`), and where that key is not the
-    one the listing process computed (``Variant.cache_hash``), the worker's :func:`key_parts`."""
+    adopt the listing process's source key (:func:`adopt_function_key`), where that key is not the
+    one the listing process computed (``Variant.cache_hash``) the worker's :func:`key_parts`, and whether
+    it also built the variant's C launcher (:func:`build_launcher`)."""
 
     seconds: float
     cache_hash: str = ""
     adopted: bool = False
     parts: dict[str, str] | None = None
+    launcher: bool = False
 
     def differs(self, variant: Variant) -> list[str]:
         """The key fields on which this process and the worker disagree for ``variant``."""
@@ -353,23 +364,46 @@ def compile_one(variant: Variant) -> Compiled:
     function = _resolve(variant.kernel)
     adopted = adopt_function_key(function, variant.function_key)
     compiled = triton.compile(_source(variant, function), target=variant.target, options=dict(variant.options))
+    launcher = False
+    if variant.launcher:
+        with contextlib.suppress(Exception):  # the listing process builds it at the launch, as without this module
+            launcher = build_launcher(variant, compiled)
     seconds, filed = time.perf_counter() - start, str(getattr(compiled, "hash", ""))
     parts = None
     if variant.cache_hash and filed and filed != variant.cache_hash:
         with contextlib.suppress(Exception):
             parts = key_parts(variant, function)
-    return Compiled(seconds, filed, adopted, parts)
+    return Compiled(seconds, filed, adopted, parts, launcher)
+
+
+def build_launcher(variant: Variant, compiled: Any) -> bool:
+    """Build ``compiled``'s C launcher into Triton's cache where this Triton compiles one per kernel
+    signature; True where it did.
+
+    Triton up to 3.8 generates a C launcher per signature (``make_launcher``) and compiles it with the
+    system C compiler when the kernel first loads, in the loading process: a cold optimize() of YOLOv8n
+    on the H200 (triton 3.6) waited about 4 s on those compiles in its first forward, one after the
+    other, after the workers were done. Built here, the first forward finds each in the cache (keyed by
+    the launcher's source, which depends only on the signature and constants the worker compiled with).
+    Later Triton launches every kernel through one generic launcher: nothing to build."""
+    if variant.target.backend != "cuda":
+        return False
+    from triton.backends.nvidia import driver as nvidia_driver
+
+    if not hasattr(nvidia_driver, "make_launcher"):
+        return False
+    nvidia_driver.CudaLauncher(compiled.src, compiled.metadata)
+    return True
 
 
 def default_workers() -> int:
-    """``FUSER_COMPILE_WORKERS`` if set (``auto``: one per CPU core this process may use, at most 32), else 0.
+    """``FUSER_COMPILE_WORKERS`` (``auto``, the default: one per CPU core this process may use, at most 32;
+    0: compile nothing ahead, each kernel compiles at its first launch).
 
-    Off by default until measured on the GPU again: on the H200 machine (triton 3.6) about half the
-    variants the workers compiled were not found by the JIT's lookup, because Triton 3.6's source key
-    of the GEMM and conv kernels depends on the order a process compiles its kernels in (now adopted
-    from the listing process: :func:`adopt_function_key`), and cold optimize() was no faster on two of
-    the three models measured (kernels/NOTES.md)."""
-    env = os.environ.get(WORKERS_ENV, "0")
+    On by default since the same-run measurement on the H200 (triton 3.6, 16 cores, empty caches): cold
+    optimize() of YOLOv8n 13.9 s with the workers against 32.1 s without, ResNet-50 10.1 against 18.4,
+    every variant found by the JIT's lookup (benchmarks/compile_ahead_check.py --baseline, kernels/NOTES.md)."""
+    env = os.environ.get(WORKERS_ENV, "auto")
     if env != "auto":
         try:
             return max(0, int(env))
@@ -478,6 +512,11 @@ class Workers:
             for worker in self._workers:
                 self._threads.append(threading.Thread(target=self._drain, args=(worker, progress), daemon=True))
                 self._threads[-1].start()
+        # Two workers building one launcher at once would both run the C compiler: the first variant builds it.
+        key = variant.launcher_key()
+        if key in self._launcher_keys:
+            variant = replace(variant, launcher=False)
+        self._launcher_keys.add(key)
         self._submitted += 1
         self._jobs.put(variant)
 
@@ -503,6 +542,7 @@ class Workers:
             with self._lock:
                 self._times.append((result.seconds, variant.name))
                 self._adopted += result.adopted
+                self._launchers += result.launcher
                 if variant.cache_hash and result.cache_hash and result.cache_hash != variant.cache_hash:
                     self._mismatched.append((variant, result))
                 if progress is not None:
@@ -543,6 +583,7 @@ class Workers:
         report = CompileReport(
             self._submitted, len(self._workers), time.perf_counter() - self._start, len(failed),
             sum(t for t, _ in self._times), longest[0], longest[1], self._adopted, len(self._mismatched),
+            self._launchers,
         )  # fmt: skip
         self._reset()
         if progress is not None:
@@ -555,6 +596,8 @@ class Workers:
         self._failed: list[tuple[Variant, str]] = []  # by a worker: compiled again here
         self._times: list[tuple[float, str]] = []
         self._adopted = 0
+        self._launchers = 0
+        self._launcher_keys: set[tuple[Any, ...]] = set()
         self._mismatched: list[tuple[Variant, Compiled]] = []  # filed under another key than the JIT's
         self._submitted = 0
         self._start = time.perf_counter()
@@ -567,7 +610,7 @@ class CompileReport:
     workers overlapped) and the longest one's (a floor on ``seconds``) with its kernel; the variants whose
     worker adopted this process's source key of their kernel (:func:`adopt_function_key`: Triton 3.6)
     and those filed under another key than this process's JIT looks up all the same (a warning names
-    them and the key fields that differ)."""
+    them and the key fields that differ); the C launchers the workers built (:func:`build_launcher`)."""
 
     variants: int
     workers: int
@@ -578,6 +621,7 @@ class CompileReport:
     longest_kernel: str = ""
     adopted_function_keys: int = 0
     key_mismatches: int = 0
+    launchers_built: int = 0
 
 
 class CompileProgress(Progress):

@@ -30,6 +30,13 @@ def _default_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _no_compile_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each optimize() on CUDA would start one compile worker per core; with pytest-xdist's processes
+    that is a few hundred interpreters importing torch. The workers' own tests set the variable back."""
+    monkeypatch.setenv("FUSER_COMPILE_WORKERS", "0")
+
+
+@pytest.fixture(autouse=True)
 def _strict(monkeypatch: pytest.MonkeyPatch) -> None:
     """FUSER_STRICT=1: a bug inside a pass fails the test instead of quietly leaving its graph unfused."""
     monkeypatch.setenv("FUSER_STRICT", "1")

@@ -64,18 +64,30 @@ def test_gemm_descriptor_path_compiles(split_k: int, prologue: dict[str, int]) -
 
 
 @pytest.mark.parametrize(
-    ("flat_k", "split_k", "prologue", "virtual"),
-    [(False, 4, NO_PROLOGUE, False), (True, 1, NO_PROLOGUE, False), (False, 1, CHANNEL_SCALE, True),
-     (True, 2, CHANNEL_SCALE, False), (False, 1, AFFINE_RELU, False), (True, 2, AFFINE_SILU, False)],
+    ("k_order", "split_k", "prologue", "virtual"),
+    [(0, 4, NO_PROLOGUE, False), (1, 1, NO_PROLOGUE, False), (0, 1, CHANNEL_SCALE, True),
+     (1, 2, CHANNEL_SCALE, False), (0, 1, AFFINE_RELU, False), (1, 2, AFFINE_SILU, False),
+     (2, 1, NO_PROLOGUE, False), (2, 2, AFFINE_RELU, False)],
     ids=["channel-blocks-split", "flat-k", "virtual-cat-scaled", "flat-k-scaled-split", "affine-relu",
-         "flat-k-affine-silu-split"],
+         "flat-k-affine-silu-split", "filter-rows", "filter-rows-affine-split"],
 )  # fmt: skip
-def test_conv_pointer_path_compiles(flat_k: bool, split_k: int, prologue: dict[str, int], virtual: bool) -> None:
+def test_conv_pointer_path_compiles(k_order: int, split_k: int, prologue: dict[str, int], virtual: bool) -> None:
     pointers = {"x_ptr": "*bf16", "w_ref": "*bf16", "bias_ptr": "*fp32", "res_ptr": "*bf16", "ps_ptr": "*bf16"}
     pointers["out_ref"] = "*fp32" if split_k > 1 else "*bf16"
     pointers["x2_ptr"] = "*bf16"
-    constexprs = {"KH": 3, "KW": 3, "FLAT_K": flat_k, **EPILOGUE, **prologue, "VIRTUAL_CAT": virtual, "UP": 2,
+    constexprs = {"KH": 3, "KW": 3, "K_ORDER": k_order, **EPILOGUE, **prologue, "VIRTUAL_CAT": virtual, "UP": 2,
                   "DOT_PRECISION": "tf32", "UPCAST": False, "USE_DESC": False, **tile(64, 64, 32, split_k)}  # fmt: skip
+    compiled = compile_sm90(conv._conv2d_act_kernel, pointers, constexprs)
+    assert "wgmma" in compiled.asm["ptx"] or "mma.sync" in compiled.asm["ptx"]
+
+
+def test_conv_filter_rows_through_descriptors_compile() -> None:
+    """The filter-row order reads the weights through a tensor descriptor at each row's first column (not
+    16-element aligned) and the A operand from registers: it compiles to a tensor-core dot."""
+    pointers = {"x_ptr": "*fp16", "w_ref": "tensordesc<fp16[64, 32]>", "bias_ptr": "*fp32", "res_ptr": "*fp16",
+                "out_ref": "tensordesc<fp16[64, 64]>", "ps_ptr": "*fp16", "x2_ptr": "*fp16"}  # fmt: skip
+    constexprs = {"KH": 7, "KW": 7, "K_ORDER": 2, **EPILOGUE, **NO_PROLOGUE, "VIRTUAL_CAT": False, "UP": 1,
+                  "DOT_PRECISION": "tf32", "UPCAST": False, "USE_DESC": True, **tile(64, 64, 32, 1)}  # fmt: skip
     compiled = compile_sm90(conv._conv2d_act_kernel, pointers, constexprs)
     assert "wgmma" in compiled.asm["ptx"] or "mma.sync" in compiled.asm["ptx"]
 

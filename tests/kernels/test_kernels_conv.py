@@ -31,7 +31,8 @@ GEOMETRIES = [
     ConvCase("c19_k2_same_asym", 1, 19, 9, (13, 13), 2, padding=(0, 1, 0, 1)),
     ConvCase("c19_s2_asym_b3", 3, 19, 13, (21, 19), 3, stride=2, padding=(0, 1, 1, 0)),
     ConvCase("c40_multi_tile", 3, 40, 37, (9, 11), 3, padding=(1, 1, 1, 1)),
-    ConvCase("k5_c5", 1, 5, 7, (13, 13), 5, padding=(2, 2, 2, 2)),
+    ConvCase("k5_c5", 1, 5, 7, (13, 13), 5, padding=(2, 2, 2, 2)),  # filter rows of 25 weights
+    ConvCase("stem7_c3_s2_b2", 2, 3, 9, (23, 21), 7, stride=2, padding=(3, 3, 3, 3)),  # the 7x7 RGB stem: rows
     ConvCase("pointwise_gemm_b3", 3, 19, 21, (7, 7), 1),
     ConvCase("pointwise_s2", 1, 19, 5, (13, 13), 1, stride=2),
     ConvCase("grouped_4", 3, 20, 8, (13, 13), 3, stride=2, padding=(1, 1, 1, 1), groups=4),
@@ -49,6 +50,7 @@ KERNEL_PATHS = [
     BY_NAME["pointwise_gemm_b3"],
     BY_NAME["depthwise_c19_b3"],
     BY_NAME["grouped_4"],
+    BY_NAME["stem7_c3_s2_b2"],
 ]
 
 
@@ -118,7 +120,9 @@ def test_precision(case: ConvCase, precision: str, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize(
     "case",
     [
-        ConvCase("aligned_flat_k_c8", 3, 8, 8, (13, 11), 3, stride=2, padding=(1, 1, 1, 1)),
+        ConvCase("aligned_rows_c8", 3, 8, 8, (13, 11), 3, stride=2, padding=(1, 1, 1, 1)),
+        ConvCase("aligned_flat_k_c5", 3, 5, 8, (13, 11), 3, stride=2, padding=(1, 1, 1, 1)),
+        ConvCase("aligned_rows_7x7_c4", 2, 4, 16, (17, 15), 7, stride=2, padding=(3, 3, 3, 3)),
         ConvCase("aligned_c20", 3, 20, 8, (13, 11), 3, stride=2, padding=(1, 1, 1, 1)),
     ],
     ids=str,
@@ -267,6 +271,9 @@ PATHS_2D = [
     ("grouped_flat_k", dict(c_in=20, c_out=8, kernel=(3, 2), groups=4), None),
     ("pointwise", dict(c_in=19, c_out=7, kernel=1, padding=(0, 0, 0, 0)), None),  # the 1x1 GEMM unless strided
     ("split_k", dict(c_in=19, c_out=7, kernel=(3, 2)), TileConfig(32, 16, 16, 2, 4, 1, split_k=3)),
+    ("filter_rows", dict(c_in=3, c_out=7, kernel=(7, 6)), None),
+    # a forced block_k below the row is widened to the row; 5 rows over 3 splits: 2, 2, 1
+    ("filter_rows_split", dict(c_in=5, c_out=9, kernel=(5, 4)), TileConfig(32, 16, 16, 2, 4, 1, split_k=3)),
 ]
 
 

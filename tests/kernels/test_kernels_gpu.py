@@ -47,6 +47,7 @@ CONV_CASES = [
     ConvCase("pointwise_144_24", 2, 144, 24, (28, 28), 1),
     ConvCase("depthwise_144", 2, 144, 144, (28, 28), 3, padding=(1, 1, 1, 1), groups=144),
     ConvCase("grouped_8_dil2", 2, 64, 64, (21, 19), 3, padding=(2, 2, 2, 2), dilation=2, groups=8),
+    ConvCase("stem7_c3_s2_97", 2, 3, 40, (97, 95), 7, stride=2, padding=(3, 3, 3, 3)),  # filter rows
 ]
 
 
@@ -87,7 +88,13 @@ def test_conv_epilogue(case: ConvCase, epilogue: Epilogue) -> None:
     ("precision", "dtype"), [("tf32", torch.float32), ("bf16", torch.bfloat16)], ids=["tf32", "bf16-model"]
 )
 @pytest.mark.parametrize(
-    "case", [CONV_CASES[0], ConvCase("flat_k_c8_s2_97", 2, 8, 16, (97, 95), 3, stride=2, padding=(1, 1, 1, 1))], ids=str
+    "case",
+    [
+        CONV_CASES[0],
+        ConvCase("rows_c8_s2_97", 2, 8, 16, (97, 95), 3, stride=2, padding=(1, 1, 1, 1)),
+        ConvCase("flat_k_c5_s2_97", 2, 5, 16, (97, 95), 3, stride=2, padding=(1, 1, 1, 1)),
+    ],
+    ids=str,
 )
 def test_conv_paths(case: ConvCase, precision: str, dtype: torch.dtype, path: str) -> None:
     out, ref = run_conv(case, Epilogue(Activation.GELU), precision, dtype, path)
@@ -250,7 +257,9 @@ SWEEP_3X3 = [
     ConvCase("c512_7_b1", 1, 512, 512, (7, 7), 3, padding=(1, 1, 1, 1)),
     ConvCase("c256_13_b1_s2", 1, 256, 384, (13, 13), 3, stride=2, padding=(1, 1, 1, 1)),
     ConvCase("c19_41_odd", 3, 19, 45, (41, 39), 3, stride=2, padding=(0, 1, 1, 0)),
-    ConvCase("flat_c8_33", 2, 8, 24, (33, 31), 3, padding=(1, 1, 1, 1)),
+    ConvCase("flat_c5_33", 2, 5, 24, (33, 31), 3, padding=(1, 1, 1, 1)),
+    ConvCase("rows_c8_33", 2, 8, 24, (33, 31), 3, padding=(1, 1, 1, 1)),
+    ConvCase("rows_7x7_c3_67", 2, 3, 64, (67, 65), 7, stride=2, padding=(3, 3, 3, 3)),
     ConvCase("stem_c3_97", 2, 3, 16, (97, 95), 3, stride=2, padding=(1, 1, 1, 1)),
     ConvCase("depthwise_96_b1", 1, 96, 96, (15, 15), 3, padding=(1, 1, 1, 1), groups=96),
     ConvCase("depthwise_72_k5_s2", 1, 72, 72, (29, 27), 5, stride=2, padding=(2, 2, 2, 2), groups=72),

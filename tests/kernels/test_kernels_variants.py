@@ -104,11 +104,11 @@ def test_small_grid_default_is_split() -> None:
     for n, k in [(3072, 768), (768, 3072)]:  # BERT-base FFN at 128 tokens, tf32: 24 tiles of 128x128
         default = gemm_candidates(128, n, k, 4)[0]
         assert wave_fill(-(-128 // default.block_m) * -(-n // default.block_n) * default.split_k) >= 0.7, default
-    late = conv_candidates(49, 512, 512, 9 * 512, 4, flat_k=False, taps=9)  # ResNet 3x3 @7, batch 1
+    late = conv_candidates(49, 512, 512, 9 * 512, 4, ConvKernel.IMPLICIT_GEMM, 3, 3)  # ResNet 3x3 @7, batch 1
     assert late[0].split_k > 1
     grid = -(-49 // late[0].block_m) * -(-512 // late[0].block_n) * late[0].split_k
     assert grid >= 64
-    big = conv_candidates(32 * 80 * 80, 64, 64, 576, 4, flat_k=False, taps=9)
+    big = conv_candidates(32 * 80 * 80, 64, 64, 576, 4, ConvKernel.IMPLICIT_GEMM, 3, 3)
     assert all(c.split_k == 1 for c in big)
     assert split_k_candidates([], 1, 1, lambda c: 1) == []
 
@@ -117,7 +117,9 @@ def test_small_grid_default_is_split() -> None:
 # the same convolution (issue: num_warps / stages are ignored here, the GPU test sweeps those).
 SWEEP_CONVS = [
     ConvCase("late_c40_5x7", 1, 40, 37, (5, 7), 3, padding=(1, 1, 1, 1)),
-    ConvCase("late_flat_c12_k7", 1, 12, 11, (7, 9), 7, padding=(3, 3, 3, 3)),  # 10 flat-K steps of 64
+    ConvCase("late_flat_c15_k5x9", 1, 15, 11, (7, 9), (5, 9), padding=(2, 2, 4, 4)),  # 11 flat-K steps of 64
+    # 7 filter rows of 84 weights: too few steps to split, small tiles still listed
+    ConvCase("late_rows_c12_k7", 1, 12, 11, (7, 9), 7, padding=(3, 3, 3, 3)),
 ]
 
 
@@ -130,7 +132,8 @@ def candidates_of(case: ConvCase) -> list[TileConfig]:
 @pytest.mark.parametrize("case", SWEEP_CONVS, ids=str)
 def test_every_conv_candidate(case: ConvCase) -> None:
     configs = candidates_of(case)
-    assert any(c.split_k > 1 for c in configs) and any(c.block_m == 32 for c in configs)
+    assert any(c.split_k > 1 for c in configs) == ("rows" not in case.name)
+    assert any(c.block_m == 32 for c in configs)
     for config in configs:
         torch.manual_seed(5)
         out, ref = conv_call(case, SILU_ADD, tile=config)
@@ -194,6 +197,14 @@ ROUTES = {
     "depthwise": (dict(in_channels=5, out_channels=5, kernel_size=3, padding=1, groups=5), ConvKernel.DEPTHWISE),
     "flat_k_c5": (dict(in_channels=5, out_channels=7, kernel_size=3, padding=1), ConvKernel.IMPLICIT_GEMM_FLAT_K),
     "cblock_c19": (dict(in_channels=19, out_channels=7, kernel_size=3, dilation=(1, 2)), ConvKernel.IMPLICIT_GEMM),
+    "rows_7x7_c3": (
+        dict(in_channels=3, out_channels=9, kernel_size=7, stride=2, padding=3),
+        ConvKernel.IMPLICIT_GEMM_ROW_RUNS,
+    ),
+    "rows_5x5_c5_dilated": (
+        dict(in_channels=5, out_channels=6, kernel_size=5, padding=(3, 2), dilation=(2, 1)),
+        ConvKernel.IMPLICIT_GEMM_ROW_RUNS,
+    ),
 }
 
 
@@ -226,7 +237,9 @@ def test_report_names_the_launched_kernel(monkeypatch: pytest.MonkeyPatch, route
 
 def test_conv_kernel_rules() -> None:
     assert conv_kernel(20, 9, 4, (3, 3)) is None  # groups do not divide C_out: the torch reference
-    assert conv_kernel(3, 16, 1, (7, 7)) == ConvKernel.IMPLICIT_GEMM_FLAT_K  # 147 taps: too many to unroll
+    assert conv_kernel(3, 16, 1, (7, 7)) == ConvKernel.IMPLICIT_GEMM_ROW_RUNS  # 147 taps: too many to unroll
+    assert conv_kernel(5, 16, 1, (3, 3)) == ConvKernel.IMPLICIT_GEMM_FLAT_K  # rows of 15 weights
+    assert conv_kernel(15, 16, 1, (1, 9)) == ConvKernel.IMPLICIT_GEMM_FLAT_K  # a row of 135: over one K step
     assert conv_kernel(8, 12, 4, (3, 3)) == ConvKernel.DIRECT  # 2 channels per group
     assert conv_kernel(19, 7, 1, (1, 1), padding="same") == ConvKernel.GEMM_1X1
     assert not ConvKernel.DIRECT.tensor_cores and ConvKernel.GEMM_1X1.tensor_cores

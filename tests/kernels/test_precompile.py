@@ -336,7 +336,9 @@ def test_worker_count_setting(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv(precompile.WORKERS_ENV, "auto")
     assert 1 <= precompile.default_workers() <= precompile.MAX_WORKERS
     monkeypatch.delenv(precompile.WORKERS_ENV)
-    assert precompile.default_workers() == 0, "compiling ahead is opt-in"
+    assert precompile.default_workers() >= 1, "compiling ahead is on by default"
+    monkeypatch.setenv(precompile.WORKERS_ENV, "0")
+    assert precompile.default_workers() == 0
     monkeypatch.setenv(precompile.WORKERS_ENV, "many")
     with pytest.raises(ValueError, match="FUSER_COMPILE_WORKERS must be a whole number"):
         precompile.default_workers()
@@ -437,3 +439,44 @@ def test_compile_progress_line():
     quiet = io.StringIO()
     precompile.CompileProgress(quiet, min_variants=8).finish(precompile.CompileReport(3, 2, 1.0))
     assert quiet.getvalue() == ""
+
+
+@needs_ptxas
+def test_a_compile_also_builds_the_launcher_where_triton_compiles_one_per_signature(
+    triton_cache: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """On a Triton that generates a C launcher per kernel signature (up to 3.8), a worker builds it with
+    the compiled kernel's own source and metadata, so the listing process's first forward finds it; on a
+    Triton without per-signature launchers nothing is built."""
+    from triton.backends.nvidia import driver as nvidia_driver
+
+    variant = next(v for v in collect(gemm_layer) if v.name == "_gemm_act_kernel")
+    built: list[tuple[Any, Any]] = []
+    with monkeypatch.context() as patch:
+        patch.delattr(nvidia_driver, "make_launcher", raising=False)
+        assert not precompile.compile_one(variant).launcher
+    with monkeypatch.context() as patch:
+        patch.setattr(nvidia_driver, "make_launcher", lambda *args: "", raising=False)
+        patch.setattr(nvidia_driver, "CudaLauncher", lambda src, metadata: built.append((src, metadata)))
+        result = precompile.compile_one(variant)
+    assert result.launcher and len(built) == 1
+    src, metadata = built[0]
+    assert src.fn is gemm._gemm_act_kernel and dict(src.constants) == dict(variant.constants)
+    assert metadata.num_warps == dict(variant.options)["num_warps"]
+
+
+@needs_ptxas
+def test_variants_sharing_a_launcher_build_it_once(triton_cache: Path, monkeypatch: pytest.MonkeyPatch):
+    """Two variants of one launcher key (one signature, the same parameters compiled in as constants) ask
+    for one C compile, not one each; a variant of another signature builds its own."""
+    from triton.backends.nvidia import driver as nvidia_driver
+
+    gemm_variant = next(v for v in collect(gemm_layer) if v.name == "_gemm_act_kernel")
+    conv_variant = next(v for v in collect(conv_layer) if v.name == "_conv2d_act_kernel")
+    assert gemm_variant.launcher_key() != conv_variant.launcher_key()
+    built: list[str] = []
+    monkeypatch.setattr(nvidia_driver, "make_launcher", lambda *args: "", raising=False)
+    monkeypatch.setattr(nvidia_driver, "CudaLauncher", lambda src, metadata: built.append(src.fn.__name__))
+    report = precompile.compile_variants([gemm_variant, gemm_variant, conv_variant], workers=0, progress=False)
+    assert sorted(built) == ["_conv2d_act_kernel", "_gemm_act_kernel"]
+    assert report.launchers_built == 2 and report.variants == 3

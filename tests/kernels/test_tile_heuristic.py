@@ -12,6 +12,7 @@ import pytest
 
 from fuser.kernels import autotune, depthwise, tile_heuristic, tile_table
 from fuser.kernels.conv import conv_candidates
+from fuser.kernels.conv_choice import ConvKernel, reduction_order
 from fuser.kernels.depthwise import depthwise_candidates
 from fuser.kernels.direct_conv import direct_candidates
 from fuser.kernels.gemm import gemm_candidates
@@ -32,8 +33,11 @@ def cases():
         ODD_M[:6], [3, 19, 259], [5, 61, 515], [1, 9, 49], [1, 3], PRECISIONS[::2]
     ):
         k_total = c_in_g * taps
-        for flat_k in (True, False):
-            candidates = conv_candidates(m, c_in_g, c_out_g, k_total, elem, flat_k)
+        kw = math.isqrt(taps)
+        for order in dict.fromkeys(
+            (ConvKernel.IMPLICIT_GEMM, ConvKernel.IMPLICIT_GEMM_FLAT_K, reduction_order(c_in_g, kw))
+        ):
+            candidates = conv_candidates(m, c_in_g, c_out_g, k_total, elem, order, kw, kw)
             yield "conv2d_act", candidates, Problem(m, c_out_g, k_total, groups, elem, precision)
         yield "direct_conv_act", direct_candidates(c_out_g), Problem(m, c_out_g, k_total, groups, elem, precision)
     for m, c, taps in itertools.product(ODD_M, [1, 17, 61, 1001], [1, 9, 25]):

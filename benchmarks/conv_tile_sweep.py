@@ -1,0 +1,162 @@
+"""Tiles and reduction orders of single conv layers on the GPU, against cuDNN, each configuration checked
+against float64: the layers the whole-model timelines named as the slowest for their bytes.
+
+    python -m benchmarks.conv_tile_sweep --out DIR [--budget-s 200] [--only stem,narrow]
+
+Two groups of layers (benchmarks/kernel_timeline.py, H200, untuned, batch 32 fp16):
+
+- ``stem``: ResNet-50's 7x7 stride-2 conv on 3 channels took 0.30 ms (about 20% of the forward) in the flat-K
+  order whatever the tile. Each layer runs in the flat-K order and in the filter-row order
+  (kernels/conv_choice.py ``reduction_order``), over the candidates of each.
+- ``narrow``: EfficientNet-B0's 1x1 convs of 16-32 input channels at 112x112 and 56x56 (M = 100k-400k rows,
+  K = 16-144) took 20-75 us, 2.5-6x their bytes at 3 TB/s, on tiles with a 64-wide K step over a K of 16 or
+  32. Each runs over its candidates plus tiles whose K step is the whole K, 128-256 rows, 4 or 8 warps; with
+  the squeeze-excitation channel scale as the operand prologue where the model has it.
+
+Timings replay a CUDA graph (fuser.kernels.autotune.do_bench_ms); ``cudnn_ms`` is what torch.compile runs
+for such a block: cuDNN's conv on the folded weights (channels_last), then the activation. Writes
+``conv-tile-sweep.json``; prints per layer cuDNN's, the default's and the best configuration's times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+# name: (C_in, C_out, kernel, stride, padding, input size, channel-scale prologue, activation)
+LAYERS: dict[str, list[tuple[str, int, int, int, int, int, int, bool, str]]] = {
+    "stem": [
+        ("resnet50.conv1", 3, 64, 7, 2, 3, 224, False, "relu"),
+        ("vit_b16.patch_embed", 3, 96, 16, 16, 0, 224, False, "none"),
+    ],
+    "narrow": [
+        ("effnet_b0.b1.project", 32, 16, 1, 1, 0, 112, True, "none"),
+        ("effnet_b0.b2.expand", 16, 96, 1, 1, 0, 112, False, "silu"),
+        ("effnet_b0.b2.project", 96, 24, 1, 1, 0, 56, True, "none"),
+        ("effnet_b0.b3.expand", 24, 144, 1, 1, 0, 56, False, "silu"),
+        ("effnet_b0.b3.project", 144, 24, 1, 1, 0, 56, True, "none"),
+        ("effnet_b0.b4.project", 144, 40, 1, 1, 0, 28, True, "none"),
+    ],
+}
+REGIMES = [(32, "float16", "fp16"), (1, "float32", "tf32")]
+
+
+def extra_tiles(c_in: int, c_out: int) -> list[Any]:
+    """Whole-K tiles for short reductions (K <= 64): 128-256 rows, the output's channels in one or two tiles."""
+    from fuser.kernels.autotune import TileConfig
+
+    if c_in > 64:
+        return []
+    bk = max(16, 1 << (c_in - 1).bit_length())
+    bn = min(128, max(16, 1 << (c_out - 1).bit_length()))
+    shapes = [(128, bn, 4, 2), (256, bn, 8, 2), (256, bn, 4, 2), (128, bn, 4, 3), (256, bn, 8, 3), (512, bn, 8, 2)]
+    if bn > 32:
+        shapes += [(256, bn // 2, 4, 2), (128, bn // 2, 4, 2)]
+    return [TileConfig(bm, n, bk, 8, warps, stages) for bm, n, warps, stages in shapes]
+
+
+def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict[str, Any]:
+    from fuser.epilogue import Activation, Epilogue
+    from fuser.kernels import conv, conv_choice, pack_conv_weight
+    from fuser.kernels.autotune import do_bench_ms
+
+    name, c_in, c_out, k, stride, pad, size, scaled, act = layer
+    dtype = getattr(torch, dtype_name)
+    gen = torch.Generator().manual_seed(c_in * 131 + c_out)
+    x64 = torch.randn(batch, c_in, size, size, generator=gen, dtype=torch.float64)
+    w64 = torch.randn(c_out, c_in, k, k, generator=gen, dtype=torch.float64) / (c_in * k * k) ** 0.5
+    b64 = torch.randn(c_out, generator=gen, dtype=torch.float64)
+    s64 = torch.rand(batch, c_in, 1, 1, generator=gen, dtype=torch.float64) + 0.5 if scaled else None
+    torch_act = {"relu": F.relu, "silu": F.silu, "none": lambda t: t}[act]
+    epilogue = Epilogue(act={"relu": Activation.RELU, "silu": Activation.SILU, "none": Activation.NONE}[act])
+    ref = torch_act(F.conv2d(x64 * s64 if scaled else x64, w64, b64, stride, pad))
+    x = x64.to("cuda", dtype).contiguous(memory_format=torch.channels_last)
+    scale = s64.to("cuda", dtype) if scaled else None
+    w_cl = w64.to("cuda", dtype).contiguous(memory_format=torch.channels_last)
+    b_cl = b64.to("cuda", dtype)
+    cudnn = lambda: torch_act(F.conv2d(x * scale if scaled else x, w_cl, b_cl, stride, pad))
+    row: dict[str, Any] = {"layer": name, "batch": batch, "dtype": dtype_name, "cudnn_ms": do_bench_ms(cudnn)}
+    packed = pack_conv_weight(w64.to("cuda", dtype), precision)
+    bias32 = b64.float().cuda()
+    oh = (size + 2 * pad - k) // stride + 1
+    out = torch.empty(batch, c_out, oh, oh, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
+    shipped_min = conv_choice.ROW_RUN_MIN
+    orders = {"rows": shipped_min, "flat": 10**9} if name in {n for n, *_ in LAYERS["stem"]} else {"": shipped_min}
+
+    def plan(tile: Any, row_min: int) -> Any:
+        conv_choice.ROW_RUN_MIN = row_min
+        conv._plans._plans.clear()  # plans are keyed by the call, not by the reduction order
+        try:
+            return conv.conv2d_act_plan(x, packed, bias32, stride=stride, padding=pad, epilogue=epilogue, out=out,
+                                        tile=tile, input_scale=scale)  # fmt: skip
+        finally:
+            conv_choice.ROW_RUN_MIN = shipped_min
+
+    def timed(run: Any) -> dict[str, Any]:
+        out.fill_(float("nan"))
+        run()
+        err = float((out.double().cpu() - ref).norm() / ref.norm())
+        return {"ms": do_bench_ms(run), "rel_error": err}
+
+    call = lambda p: lambda: p(x, packed.data, bias32, None, out, scale)
+    row["default"] = timed(call(plan(None, shipped_min)))
+    configs: dict[str, Any] = {}
+    x_shape = (batch, c_in, size, size)
+    for order, row_min in orders.items():
+        conv_choice.ROW_RUN_MIN = row_min
+        try:
+            candidates = conv.conv2d_tile_candidates(x_shape, packed, stride, (pad,) * 4)
+        finally:
+            conv_choice.ROW_RUN_MIN = shipped_min
+        for tile in dict.fromkeys([*candidates, *extra_tiles(c_in, c_out)]):
+            label = f"{order}{'-' if order else ''}{tile.block_m}x{tile.block_n}x{tile.block_k}w{tile.num_warps}" + (
+                f"s{tile.num_stages}" + (f"k{tile.split_k}" if tile.split_k > 1 else "")
+            )
+            try:
+                configs[label] = timed(call(plan(tile, row_min)))
+            except Exception as error:  # a tile that does not compile or fit is a finding, not a stop
+                configs[label] = {"error": f"{type(error).__name__}: {error}"[:200]}
+    row["configs"] = configs
+    ok = {n: v["ms"] for n, v in configs.items() if "ms" in v}
+    row["best"] = min(ok, key=ok.get) if ok else None
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--budget-s", type=float, default=200.0)
+    parser.add_argument("--only", default="stem,narrow", help="layer groups, comma-separated")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    from benchmarks.gpu_models import versions
+
+    start = time.perf_counter()
+    header = {"benchmark": "conv_tile_sweep", "date": time.strftime("%Y-%m-%d"),
+              "card": torch.cuda.get_device_name(), "versions": versions()}  # fmt: skip
+    rows = []
+    for batch, dtype_name, precision in REGIMES:
+        for group in args.only.split(","):
+            for layer in LAYERS[group]:
+                if time.perf_counter() - start > args.budget_s:
+                    break
+                row = layer_row(layer, batch, dtype_name, precision)
+                rows.append(row)
+                (args.out / "conv-tile-sweep.json").write_text(json.dumps({**header, "rows": rows}, indent=1))
+                worst = max((v.get("rel_error", 0.0) for v in row["configs"].values()), default=0.0)
+                best = row["configs"][row["best"]]["ms"] if row["best"] else float("nan")
+                print(
+                    f"{row['layer']:24s} b{batch:<2d} {dtype_name[:5]}: cudnn {row['cudnn_ms'] * 1e3:7.1f} default "
+                    f"{row['default']['ms'] * 1e3:7.1f} best {best * 1e3:7.1f} us ({row['best']}) max err {worst:.1e}",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
