@@ -33,6 +33,7 @@ from fuser.rewrite.batchnorm_prologue import fold_batch_norms_forward
 from fuser.rewrite.cat_buffers import eliminate_cats
 from fuser.rewrite.chains import rewrite_chains
 from fuser.rewrite.channel_mean import fuse_channel_means
+from fuser.rewrite.depthwise_pool import fuse_depthwise_pools
 from fuser.rewrite.detect_head import find_detect_heads, install_detect_heads
 from fuser.rewrite.input_scale import fold_input_scales
 from fuser.rewrite.max_pool import fuse_max_pools
@@ -287,7 +288,9 @@ def _run_pipeline(
                 rewrites += fuse_virtual_cats(graph.gm) + eliminate_cats(graph.gm) + fold_input_scales(graph.gm)
             if rewrite:  # also where no chain was fused: a BatchNorm before a lone conv fuses that conv
                 folds = fold_batch_norms_forward(graph.gm, policy, backend)
-                rewrites, rewritten = rewrites + folds, rewritten or any(r.eliminated for r in folds)
+                # last: the passes before it rewrite fused convs, which this one moves into pooled modules
+                changed = folds + fuse_depthwise_pools(graph.gm)
+                rewrites, rewritten = rewrites + changed, rewritten or any(r.eliminated for r in changed)
                 entries = settle_batch_norms(entries, rewrites)
         except Exception as error:  # never fail the user's model over one graph: leave it as it was
             if strict():

@@ -356,6 +356,14 @@ def _graph_modules(optimized: nn.Module) -> dict[str, tuple[str, fx.GraphModule]
     return found
 
 
+def _fused_children(gm: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``gm``'s children in order, a depthwise conv paired with its pool (fuser.rewrite.depthwise_pool) as that
+    conv, which is the layer its chain made."""
+    from fuser.rewrite.depthwise_pool import PooledDepthwise
+
+    return [(f"{n}.conv", m.conv) if isinstance(m, PooledDepthwise) else (n, m) for n, m in gm.named_children()]
+
+
 def _fused_layers(optimized: nn.Module) -> tuple[list[_Fused], list[str]]:
     """The fused modules of ``optimized``, each tied to the chain its fusion report lists for it."""
     from fuser.lower.fused_modules import FusedConv2d, FusedLinear
@@ -373,7 +381,7 @@ def _fused_layers(optimized: nn.Module) -> tuple[list[_Fused], list[str]]:
             notes.append(f"graph {path or '(model)'}: not found in the optimized model; its layers are not compared")
             continue
         prefix, gm = graphs[path]
-        modules = [(n, m) for n, m in gm.named_children() if isinstance(m, (FusedConv2d, FusedLinear))]
+        modules = [(n, m) for n, m in _fused_children(gm) if isinstance(m, (FusedConv2d, FusedLinear))]
         if len(modules) != len(entries):
             notes.append(f"graph {path or '(model)'}: {len(modules)} fused modules for {len(entries)} fused chains")
             continue

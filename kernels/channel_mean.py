@@ -24,9 +24,11 @@ from .splitk import SM_COUNT
 
 # A program's pixel loop waits on one load per step, so a range of 256 pixels (8 steps) took 4-6 us on the
 # H200 for the 14x14 and 28x28 SE pools of EfficientNet-B0 (benchmarks/kernel_timeline.py): ranges of 64 make
-# 4x the programs and 2 steps each. At most MAX_SPLITS ranges: the second launch adds them one after another.
+# 4x the programs and 2 steps each. At most MAX_SPLITS ranges: the second launch adds them.
 MIN_PIXELS_PER_SPLIT = 64
 MAX_SPLITS = 64
+# Splits the second launch reads per step (a [ADD_SPLITS_STEP, BLOCK_C] tile of partial sums).
+ADD_SPLITS_STEP = 32
 
 
 @triton.jit(do_not_specialize=["HW", "W", "PER_SPLIT"])
@@ -68,14 +70,37 @@ def _channel_sum_kernel(
 
 
 @triton.jit
-def _add_splits_kernel(part_ptr, out_ptr, C, SPLITS, inv_hw, BLOCK_C: tl.constexpr):
+def _add_splits_kernel(part_ptr, out_ptr, C, SPLITS, inv_hw, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
     n = tl.program_id(0)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = offs_c < C
-    acc = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    for s in range(0, SPLITS):
-        acc += tl.load(part_ptr + (n.to(tl.int64) * SPLITS + s) * C + offs_c, mask=c_ok, other=0.0)
-    tl.store(out_ptr + n.to(tl.int64) * C + offs_c, (acc * inv_hw).to(out_ptr.dtype.element_ty), mask=c_ok)
+    rows = part_ptr + n.to(tl.int64) * SPLITS * C + offs_c[None, :]
+    acc = tl.zeros((BLOCK_S, BLOCK_C), dtype=tl.float32)
+    for s0 in range(0, SPLITS, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        acc += tl.load(rows + s.to(tl.int64)[:, None] * C, mask=(s < SPLITS)[:, None] & c_ok[None, :], other=0.0)
+    total = tl.sum(acc, axis=0)
+    tl.store(out_ptr + n.to(tl.int64) * C + offs_c, (total * inv_hw).to(out_ptr.dtype.element_ty), mask=c_ok)
+
+
+def add_splits(part: torch.Tensor, out: torch.Tensor, count: int, *, interpret: bool = False) -> None:
+    """``out[n, c] = sum over s of part[n, s, c] / count``: the second step of a split mean, here and in the
+    depthwise kernel's fused pool (depthwise.py). ``part`` is contiguous float32 ``[N, SPLITS, C]``, ``out``
+    contiguous ``[N, C]`` (any strides of trailing size-1 dims), written in its own dtype.
+
+    Each program reads ``BLOCK_S`` splits per step as one tile (the depthwise pool's split count is its pixel
+    tiles per image, several hundred on a 112x112 layer: one load per split in a chain would wait on each)
+    and reduces the tile's rows at the end; the order depends only on the shapes, so every run gives the
+    same bits."""
+    n, splits, c = part.shape
+    block_c = 64 if interpret else min(64, max(16, triton.next_power_of_2(c)))
+    block_s = min(ADD_SPLITS_STEP, triton.next_power_of_2(splits))
+    grid = (n, cdiv(c, block_c))
+    args = (part, out, c, splits, 1.0 / count)
+    if interpret:
+        run_interpreted(_add_splits_kernel, grid, *args, BLOCK_S=block_s, BLOCK_C=block_c)
+    else:
+        _add_splits_kernel[grid](*args, BLOCK_S=block_s, BLOCK_C=block_c, num_warps=4, num_stages=2)
 
 
 def _layout(x: torch.Tensor, interpret: bool) -> tuple[int, int, int]:
@@ -130,7 +155,7 @@ def _plan(x: torch.Tensor, interpret: bool, splits: int | None) -> Callable[[tor
     per_split = cdiv(cdiv(hw, split), block_p) * block_p
     split = cdiv(hw, per_split)  # no empty ranges
     strides = (x.stride(0), x.stride(1), x.stride(2), x.stride(3))
-    grid, finish_grid = (n, c_blocks, split), (n, c_blocks)
+    grid = (n, c_blocks, split)
     inv_hw = 1.0 / hw
 
     def launch(kernel: Any, grid: tuple[int, ...], args: tuple, **constexprs: Any) -> None:
@@ -146,7 +171,7 @@ def _plan(x: torch.Tensor, interpret: bool, splits: int | None) -> Callable[[tor
         launch(_channel_sum_kernel, grid, (x, dst, c, hw, w, per_split, *strides, inv_hw),
                FINAL=final, BLOCK_P=block_p, BLOCK_C=block_c)  # fmt: skip
         if not final:
-            launch(_add_splits_kernel, finish_grid, (dst, out, c, split, inv_hw), BLOCK_C=block_c)
+            add_splits(dst, out, hw, interpret=interpret)
         return out
 
     return run

@@ -356,6 +356,7 @@ def conv2d_act(
     upsample: int = 1,
     input_affine: torch.Tensor | None = None,
     input_act: int = 0,
+    pool: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``epilogue(conv2d(x, W) + bias)`` in one kernel; returns ``[N, C_out, OH, OW]``, channels_last.
 
@@ -379,13 +380,16 @@ def conv2d_act(
     (an :class:`Activation` without a parameter) computes ``conv2d(act(x * s + t))``, applied as the kernel
     loads ``x``, the padding zeros those of the activated input (DenseNet's BN -> ReLU -> conv); not with an
     ``input_scale``, and not on the direct kernel.
+    ``pool``, a contiguous ``[N, C_out]`` tensor of ``x``'s dtype, is also written with the output's mean over
+    (OH, OW) (squeeze-excitation's pool), summed in the epilogue of the depthwise kernel (depthwise.py), the
+    only kernel that takes it.
     """
     plan = conv2d_act_plan(
         x, weight, bias, stride=stride, padding=padding, dilation=dilation, epilogue=epilogue, residual=residual,
         out=out, interpret=interpret, path=path, tile=tile, input_scale=input_scale, cat_with=cat_with,
-        upsample=upsample, input_affine=input_affine, input_act=input_act,
+        upsample=upsample, input_affine=input_affine, input_act=input_act, pool=pool,
     )  # fmt: skip
-    return plan(x, weight.data, bias, residual, out, input_scale, cat_with, input_affine)
+    return plan(x, weight.data, bias, residual, out, input_scale, cat_with, input_affine, pool)
 
 
 def conv2d_act_plan(
@@ -407,11 +411,12 @@ def conv2d_act_plan(
     upsample: int = 1,
     input_affine: torch.Tensor | None = None,
     input_act: int = 0,
+    pool: torch.Tensor | None = None,
 ) -> Callable[..., torch.Tensor]:
     """The launch plan of :func:`conv2d_act` for calls like this one: ``plan(x, weight.data, bias, residual)``,
     or ``plan(x, weight.data, bias, residual, out)`` for a plan made with an ``out``, and
-    ``plan(x, weight.data, bias, residual, out, input_scale, cat_with, input_affine)`` for one made with an
-    ``input_scale``, a ``cat_with`` or an ``input_affine``.
+    ``plan(x, weight.data, bias, residual, out, input_scale, cat_with, input_affine, pool)`` for one made with
+    an ``input_scale``, a ``cat_with``, an ``input_affine`` or a ``pool``.
 
     Valid for any tensors with the same shapes, strides, dtypes, devices and 16-byte alignment as the
     example ones. A caller that makes the same call many times (a fused module) keeps the plan and skips
@@ -421,11 +426,11 @@ def conv2d_act_plan(
         tensor_meta(x), tensor_meta(weight.data), weight.out_channels, weight.in_channels, weight.kernel_size,
         weight.groups, weight.precision, tensor_meta(bias), tensor_meta(residual), tensor_meta(out), stride,
         padding, dilation, epilogue, interpret, path, tile, tensor_meta(input_scale), tensor_meta(cat_with),
-        upsample, tensor_meta(input_affine), input_act,
+        upsample, tensor_meta(input_affine), input_act, tensor_meta(pool),
     )  # fmt: skip
     build = lambda: _plan_conv(
         x, weight, bias, stride, padding, dilation, epilogue, residual, out, interpret, path, tile, input_scale,
-        cat_with, upsample, input_affine, input_act,
+        cat_with, upsample, input_affine, input_act, pool,
     )  # fmt: skip
     return _plans.get(key, build)
 
@@ -448,6 +453,7 @@ def _plan_conv(
     upsample: int = 1,
     input_affine: torch.Tensor | None = None,
     input_act: int = 0,
+    pool: torch.Tensor | None = None,
 ) -> Callable[..., torch.Tensor]:
     """Check one call's inputs (clear errors), pick the kernel (conv_choice.py) and build the plan for
     calls like it."""
@@ -479,7 +485,7 @@ def _plan_conv(
             f"{h}x{w} input: output would be {oh}x{ow}"
         )
     tensors = {"x": x, "weight": weight.data, "bias": bias, "residual": residual, "out": out}
-    optional = {"input_scale": input_scale, "cat_with": cat_with, "input_affine": input_affine}
+    optional = {"input_scale": input_scale, "cat_with": cat_with, "input_affine": input_affine, "pool": pool}
     device = check_device(op, interpret, {**tensors, **optional})
     x_dtype = x.dtype  # the plan keeps no tensor of the call it was made for (a CUDA-graph pool's, say)
     if input_scale is not None and input_affine is not None:
@@ -497,8 +503,10 @@ def _plan_conv(
     new_out = lambda: torch.empty((n, oh, ow, c_out), dtype=dtype, device=device).permute(0, 3, 1, 2)
     example = new_out() if out is None else out
     row_stride = check_out(op, example, out4, dtype, device, 1).stride(0)
+    if pool is not None:
+        _check_pool(op, pool, (n, c_out), dtype, conv_kernel(c_in, c_out, groups, (kh, kw), stride, padding))
     if example.numel() == 0:
-        return lambda x, w, bias, residual, out=None, input_scale=None, cat_with=None, input_affine=None: (
+        return lambda x, w, bias, residual, out=None, input_scale=None, cat_with=None, input_affine=None, pool=None: (
             new_out() if out is None else out
         )
     # NHWC view with the strides the kernels assume (size-1 dimensions may have had any)
@@ -529,7 +537,7 @@ def _plan_conv(
     precision = weight.precision
     if kernel == ConvKernel.DEPTHWISE:
         run = prepare_depthwise(x, weight.data, (kh, kw), bias32, epilogue, res4, out_nhwc, stride, padding,
-                                dilation, interpret, precision.value, tile, scale2, affine_act)  # fmt: skip
+                                dilation, interpret, precision.value, tile, scale2, affine_act, pool)  # fmt: skip
     elif kernel == ConvKernel.DIRECT:
         run = prepare_direct(x, weight.data, c_out, groups, (kh, kw), bias32, epilogue, res4, out_nhwc,
                              stride, padding, dilation, interpret, precision.value, tile)  # fmt: skip
@@ -554,6 +562,7 @@ def _plan_conv(
         input_scale: torch.Tensor | None = None,
         cat_with: torch.Tensor | None = None,
         input_affine: torch.Tensor | None = None,
+        pool: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if out is None:
             out = new_out()
@@ -565,6 +574,8 @@ def _plan_conv(
             scale2 = None if input_scale is None else scale_rows(input_scale)
         if cat_with is not None:
             run(x, w, bias, res, nhwc(out), scale2, cat_with)  # the implicit GEMM: no views of the sources
+        elif pool is not None:
+            run(x, w, bias, res, nhwc(out), scale2, pool)  # the depthwise kernel
         elif scale2 is not None:
             run(as_input(x), w, bias, res, as_output(nhwc(out)), scale2)
         else:
@@ -572,6 +583,21 @@ def _plan_conv(
         return out
 
     return plan
+
+
+def _check_pool(
+    op: str, pool: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype, kernel: ConvKernel | None
+) -> None:
+    """A ``pool`` output the plan can write: the depthwise kernel, a contiguous ``[N, C_out]`` of the
+    output's dtype (its device is checked with the other tensors)."""
+    if kernel != ConvKernel.DEPTHWISE:
+        name = kernel.value if kernel is not None else "torch reference"
+        raise ValueError(f"{op}: pool (the output's mean) is summed by the depthwise kernel only, not the {name}")
+    if not isinstance(pool, torch.Tensor) or tuple(pool.shape) != shape or pool.dtype != dtype:
+        got = (tuple(pool.shape), pool.dtype) if isinstance(pool, torch.Tensor) else type(pool).__name__
+        raise ValueError(f"{op}: pool must be a {list(shape)} tensor of {dtype} (the output's), got {got}")
+    if not pool.is_contiguous():
+        raise ValueError(f"{op}: pool must be contiguous, got strides {pool.stride()}")
 
 
 def _virtual_shape(op: str, x: torch.Tensor, cat_with: torch.Tensor | None, upsample: int) -> tuple[int, int, int, int]:

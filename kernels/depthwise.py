@@ -4,6 +4,15 @@ A depthwise conv does KH*KW multiply-adds per output value: it is memory-bound, 
 through a GEMM would waste the tensor cores on a 1-wide reduction. Each program computes a tile of
 output pixels x channels on NHWC data; channels are contiguous, so every tap is one vector load per
 pixel row, and the KH*KW taps of neighbouring pixels hit the same cache lines.
+
+With a pool (``POOL``, squeeze-excitation's global average pool of this conv's output fused in) each program
+also sums its tile's stored values per channel, and the mean over (H, W) is the fixed-order sum of those
+partial sums: the output is never read again for the pool. The pixel tiles are then per image (a grid axis
+over images, tiles of ``OH * OW`` rows each) rather than over all ``N * OH * OW`` rows, so that a tile's sum
+belongs to one image. Splitting a straddling tile's sum by image instead would keep the tiling but cost a
+masked sum per image the tile touches (up to three for a 7x7 layer's 64-row tile) and a reduction that must
+find each image's programs; the per-image tiles cost only the idle rows of each image's last tile, whose
+lanes are masked (they load and store nothing, but their programs still walk the taps).
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import triton
 import triton.language as tl
 
 from .autotune import Problem, TileConfig
+from .channel_mean import add_splits
 from .epilogue import Epilogue
 from .launch import KernelCall, alignment_unit, cdiv, choose_tile
 from .splitk import SM_COUNT
@@ -27,6 +37,12 @@ from .tiles import (
     row_offsets,
     store_tile,
 )
+
+# The POOL constexpr: no pool; each program's per-channel sums into the float32 partials [N, TILES, C] that
+# kernels/channel_mean.py's add_splits reduces; or, with one tile per image, the mean itself into [N, C].
+POOL_NONE = tl.constexpr(0)
+POOL_PARTIAL = tl.constexpr(1)
+POOL_FINAL = tl.constexpr(2)
 
 
 @triton.jit
@@ -58,6 +74,7 @@ def _depthwise_act_kernel(
     res_ptr,
     out_ptr,
     ps_ptr,  # the prologue's [N, C] factors (tiles.py)
+    pool_ptr,  # POOL: the partial sums [N, TILES, C] (float32) or the mean [N, C]
     # sizes; C_V is C / VEC
     H,
     W,
@@ -97,6 +114,7 @@ def _depthwise_act_kernel(
     HAS_SCALE: tl.constexpr,
     ROUND_TF32: tl.constexpr,
     PROLOGUE: tl.constexpr,
+    POOL: tl.constexpr,
     VEC: tl.constexpr,
     UNROLL_TAPS: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -110,9 +128,14 @@ def _depthwise_act_kernel(
     sx_h = sx_h_v * VEC
     sx_w = sx_w_v * VEC
     stride_om = stride_om_v * VEC
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    if POOL == POOL_NONE:
+        offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_ok = offs_m < M
+    else:  # tiles per image: program (tile, channel block, image)
+        in_image = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_ok = in_image < OH * OW
+        offs_m = tl.program_id(2) * (OH * OW) + in_image
     offs_c = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_ok = offs_m < M
     c_ok = offs_c < C
     n_idx, oh, ow = decode_rows(offs_m, m_ok, OH, OW)
     ih0 = oh * stride_h - pad_top
@@ -140,6 +163,18 @@ def _depthwise_act_kernel(
     y = epilogue_tile(acc, offs_c, c_ok, m_ok, bias_ptr, res_ptr, res_rows, sr_c, alpha, scale,
                       HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, ROUND_TF32)  # fmt: skip
     store_tile(out_ptr, offs_m, stride_om, offs_c, m_ok, c_ok, y)
+    if POOL != POOL_NONE:
+        # The sum of what was stored (rounded to the output's dtype), as a mean of the output would read it;
+        # rows past the image decode as row 0 and hold its values: masked out.
+        stored = y.to(out_ptr.dtype.element_ty).to(tl.float32)
+        total = tl.sum(tl.where(m_ok[:, None], stored, 0.0), axis=0)
+        image = tl.program_id(2).to(tl.int64)
+        if POOL == POOL_FINAL:
+            mean = total / (OH * OW)
+            tl.store(pool_ptr + image * C + offs_c, mean.to(pool_ptr.dtype.element_ty), mask=c_ok)
+        else:
+            tile = image * tl.num_programs(0) + tl.program_id(0)
+            tl.store(pool_ptr + tile * C + offs_c, total, mask=c_ok)
 
 
 INTERPRET_CONFIG = TileConfig(128, 32, 1, 1, 4, 1)
@@ -178,12 +213,16 @@ def prepare_depthwise(
     tile: TileConfig | None = None,
     scale2: torch.Tensor | None = None,
     affine_act: int | None = None,
+    pool: torch.Tensor | None = None,
 ) -> Callable[..., Any]:
-    """Choose the tile for checked example inputs; return ``run(x, w, bias32, res4, out, scale2=None)`` for
-    every call of the same signature. ``out`` is ``[N, OH, OW, C]`` NHWC with unit channel stride and pixels
-    as rows of one stride (``out.stride(2)``), ``res4`` the residual expanded to ``[N, C, OH, OW]``,
-    ``scale2 [N, C]`` the channel-scale prologue's factors (tiles.py), or with ``affine_act`` (an activation)
-    the scales of the affine prologue's pairs."""
+    """Choose the tile for checked example inputs; return ``run(x, w, bias32, res4, out, scale2=None,
+    pool=None)`` for every call of the same signature. ``out`` is ``[N, OH, OW, C]`` NHWC with unit channel
+    stride and pixels as rows of one stride (``out.stride(2)``), ``res4`` the residual expanded to
+    ``[N, C, OH, OW]``, ``scale2 [N, C]`` the channel-scale prologue's factors (tiles.py), or with
+    ``affine_act`` (an activation) the scales of the affine prologue's pairs. With an example ``pool`` (a
+    contiguous ``[N, C]`` tensor of ``out``'s dtype) every call takes one like it and also writes the mean of
+    its output over (OH, OW) there: summed by the conv's programs, then, where an image has several pixel
+    tiles, added in a fixed order by a second launch (deterministic, no atomics)."""
     n, c, h, wd = x.shape
     _, oh, ow, _ = out.shape
     m = n * oh * ow
@@ -212,14 +251,30 @@ def prepare_depthwise(
         "VEC": vec,
         "UNROLL_TAPS": kernel_size[0] * kernel_size[1] <= UNROLL_MAX_TAPS,
     }
-    call = KernelCall(_depthwise_act_kernel, scalars, constexprs, interpret)
 
     def runner(config: TileConfig) -> Callable[..., Any]:
+        if pool is None:
+            call = KernelCall(_depthwise_act_kernel, scalars, {**constexprs, "POOL": int(POOL_NONE)}, interpret)
+            options = call.options(config)
+            grid = (cdiv(m, config.block_m), cdiv(c, config.block_n))
+            return lambda x, w, bias32, res4, out, scale2=None, pool=None: call.launch(
+                grid, (x, w, bias32, res4, out, scale2, None), options
+            )
+        tiles = cdiv(oh * ow, config.block_m)
+        mode = POOL_FINAL if tiles == 1 else POOL_PARTIAL
+        call = KernelCall(_depthwise_act_kernel, scalars, {**constexprs, "POOL": int(mode)}, interpret)
         options = call.options(config)
-        grid = (cdiv(m, config.block_m), cdiv(c, config.block_n))
-        return lambda x, w, bias32, res4, out, scale2=None: call.launch(
-            grid, (x, w, bias32, res4, out, scale2), options
-        )
+        grid = (tiles, cdiv(c, config.block_n), n)
+
+        def run(x: Any, w: Any, bias32: Any, res4: Any, out: Any, scale2: Any = None, pool: Any = None) -> None:
+            if tiles == 1:
+                call.launch(grid, (x, w, bias32, res4, out, scale2, pool), options)
+                return
+            partials = torch.empty((n, tiles, c), dtype=torch.float32, device=out.device)
+            call.launch(grid, (x, w, bias32, res4, out, scale2, partials), options)
+            add_splits(partials, pool, oh * ow, interpret=interpret)
+
+        return run
 
     key = {
         "x": [n, c, h, wd],
@@ -230,12 +285,12 @@ def prepare_depthwise(
         "dilation": list(dilation),
         "x_dtype": str(x.dtype),
         "precision": precision_name,
-    }
+    } | ({"pool": True} if pool is not None else {})
     config = choose_tile(
         "depthwise_act",
         key,
         depthwise_candidates(c, m),
-        lambda cfg: runner(cfg)(x, w, bias32, res4, out, scale2),
+        lambda cfg: runner(cfg)(x, w, bias32, res4, out, scale2, pool),
         interpret=interpret,
         interpret_config=INTERPRET_CONFIG,
         forced=tile,

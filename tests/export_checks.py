@@ -44,3 +44,19 @@ def compile_once(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         out = compiled(x)
     assert counter.frame_count == 1 and not counters["graph_break"], dict(counters["graph_break"])
     return out
+
+
+def onnx_matches_float64(
+    fast: torch.nn.Module, model: torch.nn.Module, x: torch.Tensor, other: torch.Tensor, path: Path
+) -> list[str]:
+    """Export ``fast`` (traced on ``x``) to ``path``, assert it is standard ONNX and that onnxruntime's output
+    for ``other`` (another batch size: the batch axis is dynamic) matches ``model`` in float64; returns the
+    exported op types."""
+    from accuracy import assert_close, reference64
+
+    from fuser.onnx.exporter import export_onnx
+
+    exported = exported_standard(export_onnx(fast, (x,), path))
+    (got,) = run_onnxruntime(path, other)
+    assert_close(got, reference64(model, other), "ieee", "onnxruntime")
+    return [n.op_type for n in exported.graph.node]

@@ -69,9 +69,10 @@ def conv2d_call(
     upsample: int = 1,
     input_affine: torch.Tensor | None = None,
     input_act: int = 0,
+    pool: torch.Tensor | None = None,
 ) -> Call:
-    """``call(x, residual, out=None, input_scale=None, cat_with=None)`` computing ``fuser::conv2d_act`` for
-    every call shaped like this one.
+    """``call(x, residual, out=None, input_scale=None, cat_with=None, pool=None)`` computing
+    ``fuser::conv2d_act`` for every call shaped like this one.
 
     With an example ``out`` (a tensor of the output's shape, dtype and device, channels contiguous and
     pixels as rows of one stride: a channel slice of a channels_last buffer) the call takes an ``out`` like
@@ -82,14 +83,17 @@ def conv2d_call(
     ``cat_with`` the conv's input is ``cat([upsample_nearest(x, upsample), cat_with], 1)``, which the
     kernels read without materializing it (fuser.rewrite.virtual_cat). ``input_affine`` ``[C_in, 2]`` and
     ``input_act``, constants of the call, make the input ``input_act(x * s + t)`` first, which the kernels
-    apply as they load ``x`` (fuser.rewrite.batchnorm_prologue)."""
+    apply as they load ``x`` (fuser.rewrite.batchnorm_prologue). With an example ``pool`` (``[N, C_out]``
+    of the output's dtype) the call takes one like it and also writes the output's mean over its pixels
+    there, summed by the depthwise kernel as it stores the output (fuser.rewrite.depthwise_pool), else
+    computed from the output."""
     if out is not None and not _fits_output(out, x if cat_with is None else cat_with, weight, geometry):
         fresh = conv2d_call(
             x, weight, bias, residual, packed_weight, geometry, epilogue, precision, backend, None, input_scale,
-            cat_with, upsample, input_affine, input_act,
+            cat_with, upsample, input_affine, input_act, pool,
         )  # fmt: skip
-        return lambda x, residual, out=None, input_scale=None, cat_with=None: fresh(
-            x, residual, None, input_scale, cat_with
+        return lambda x, residual, out=None, input_scale=None, cat_with=None, pool=None: fresh(
+            x, residual, None, input_scale, cat_with, pool
         )
     chosen = resolve_backend(backend, x.device)
     memory_format = conv_output_memory_format(x, backend)
@@ -100,25 +104,29 @@ def conv2d_call(
         out: torch.Tensor | None = None,
         input_scale: torch.Tensor | None = None,
         cat_with: torch.Tensor | None = None,
+        pool: torch.Tensor | None = None,
     ) -> torch.Tensor:
         y = conv2d_reference(
             x, weight, bias, residual, geometry, epilogue, precision, input_scale, cat_with, upsample, input_affine,
             input_act,
         )  # fmt: skip
-        return _as_output(y, x.dtype, memory_format) if out is None else out.copy_(y)
+        y = _as_output(y, x.dtype, memory_format) if out is None else out.copy_(y)
+        if pool is not None:
+            pool.copy_(y.mean((2, 3)))
+        return y
 
     if chosen == "torch":
         return library
     kernel = kernel_dispatch.conv2d(
         x, weight, bias, residual, packed_weight, geometry, epilogue, precision, interpret=chosen == "interpret",
         out=out, input_scale=input_scale, cat_with=cat_with, upsample=upsample, input_affine=input_affine,
-        input_act=input_act,
+        input_act=input_act, pool=pool,
     )  # fmt: skip
     extra = ("conv2d", geometry, epilogue, precision.value) + (() if upsample == 1 else (upsample,))
     extra += () if input_affine is None else ("input_affine", int(input_act))
-    optional = tuple(t for t in (input_scale, cat_with, input_affine) if t is not None)
+    optional = tuple(t for t in (input_scale, cat_with, input_affine, pool) if t is not None)
     signature = lambda: path_choice.signature(x, weight, residual, *optional, extra=extra)
-    return _pick(chosen, kernel, library, signature, x, residual, out, input_scale, cat_with)
+    return _pick(chosen, kernel, library, signature, x, residual, out, input_scale, cat_with, pool)
 
 
 def _fits_output(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, geometry: ConvGeometry) -> bool:

@@ -129,7 +129,7 @@ class _FusedBase(nn.Module):
 
     def _make_call(self, x: torch.Tensor, residual: torch.Tensor | None, *conv_inputs: Any) -> Call:
         """The call for inputs like these; ``conv_inputs`` (FusedConv2d only): out, input_scale, cat_with,
-        upsample."""
+        upsample, pool."""
         raise NotImplementedError
 
     def _reference(self, x: torch.Tensor, residual: torch.Tensor | None, *conv_inputs: Any) -> torch.Tensor:
@@ -180,11 +180,13 @@ class _FusedBase(nn.Module):
         input_scale: torch.Tensor | None = None,
         cat_with: torch.Tensor | None = None,
         upsample: int = 1,
+        pool: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
         """The op run directly, without the custom op's dispatch, or None where the custom op must run.
         ``out`` (FusedConv2d) is where the result may be stored; the returned tensor is the result.
         ``input_scale`` (FusedConv2d) multiplies the input first, ``cat_with`` and ``upsample`` make it
-        ``cat([upsample_nearest(x, upsample), cat_with], 1)``."""
+        ``cat([upsample_nearest(x, upsample), cat_with], 1)``. ``pool`` (FusedConv2d, ``[N, C_out]``) is
+        written with the result's mean over its pixels (see :meth:`FusedConv2d.conv_and_mean`)."""
         if is_decomposed():
             return self._reference(x, residual, input_scale, cat_with, upsample)
         if type(x) is not torch.Tensor or torch.jit.is_tracing():
@@ -216,6 +218,7 @@ class _FusedBase(nn.Module):
             None if input_scale is None else (input_scale.shape, input_scale.stride(), input_scale.dtype),
             None if cat_with is None else (cat_with.shape, cat_with.stride(), cat_with.dtype, cat_with.data_ptr() % 16),
             upsample,
+            None if pool is None else (pool.shape, pool.stride(), pool.dtype, pool.device),
             weight.data_ptr(),
             weight._version,
             None if bias is None else bias.data_ptr(),
@@ -226,12 +229,14 @@ class _FusedBase(nn.Module):
             if self.__dict__["_packed_from"] != (weight.data_ptr(), weight._version):
                 self._renew()  # the weight was replaced or written in place since it was packed
                 calls = self.__dict__["_calls"]
-            call = self._make_call(x, residual, out, input_scale, cat_with, upsample)
+            call = self._make_call(x, residual, out, input_scale, cat_with, upsample, pool)
             # a choice made during CUDA-graph capture is provisional: not kept
             if not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
                 if len(calls) >= _MAX_CALLS:
                     calls.clear()
                 calls[key] = call
+        if pool is not None:
+            return call(x, residual, out, input_scale, cat_with, pool)
         if input_scale is not None or cat_with is not None:
             return call(x, residual, out, input_scale, cat_with)
         return call(x, residual) if out is None else call(x, residual, out)
@@ -339,11 +344,12 @@ class FusedConv2d(_FusedBase):
         input_scale: torch.Tensor | None = None,
         cat_with: torch.Tensor | None = None,
         upsample: int = 1,
+        pool: torch.Tensor | None = None,
     ) -> Call:
         b = self._buffers
         return calls.conv2d_call(
             x, b["weight"], b["bias"], residual, b["packed"], self.geometry, self.epilogue, self.kernel_precision,
-            self.backend, out, input_scale, cat_with, upsample, b["input_affine"], self.input_act,
+            self.backend, out, input_scale, cat_with, upsample, b["input_affine"], self.input_act, pool,
         )  # fmt: skip
 
     def _reference(
@@ -389,6 +395,23 @@ class FusedConv2d(_FusedBase):
             x, self.weight, self.bias, residual, self.packed, *self._op_args, input_scale, cat_with, upsample, affine,
             self.input_act,
         )  # fmt: skip
+
+    def conv_and_mean(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(y, m)``: the fused conv ``y`` of ``x`` (as ``self(x)``) and ``m [N, C_out]``, the mean of ``y``
+        over its pixels, where one launch gives both: called eagerly on a depthwise conv, the kernel sums ``m``
+        as it stores ``y`` (fuser.rewrite.depthwise_pool), and the torch reference computes it. ``m`` is None
+        where only the custom op runs (torch.compile, exporters, tracers, inputs that need gradients): the
+        caller then takes the mean of ``y`` itself, as the graph did. So it is where this module has forward
+        hooks (fuser.verify and fuser.diagnose record its output through them): ``self(x)`` runs them."""
+        if torch.compiler.is_compiling() or is_decomposed() or torch.jit.is_tracing() or type(x) is not torch.Tensor:
+            return self(x), None
+        if self._forward_hooks or self._forward_pre_hooks:
+            return self(x), None
+        if x.dim() != 4 or (torch.is_grad_enabled() and x.requires_grad):
+            return self(x), None
+        pool = x.new_empty((x.shape[0], self.weight.shape[0]))
+        y = self._eager(x, None, pool=pool)
+        return (self(x), None) if y is None else (y, pool)
 
     def extra_repr(self) -> str:
         c_out, c_in, kh, kw = self.weight.shape

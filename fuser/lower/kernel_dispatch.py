@@ -87,13 +87,16 @@ def conv2d(
     upsample: int = 1,
     input_affine: torch.Tensor | None = None,
     input_act: int = 0,
+    pool: torch.Tensor | None = None,
 ) -> Call | None:
-    """``call(x, residual, out=None, input_scale=None, cat_with=None)`` running the kernel for every call
-    shaped like this one, or None. With an example ``out`` it stores into every ``out`` shaped and strided
+    """``call(x, residual, out=None, input_scale=None, cat_with=None, pool=None)`` running the kernel for every
+    call shaped like this one, or None. With an example ``out`` it stores into every ``out`` shaped and strided
     like it; with an example ``input_scale`` it computes the conv of ``x * input_scale`` for every
     ``input_scale`` like it; with a ``cat_with``, the conv of ``cat([upsample_nearest(x, upsample),
     cat_with], 1)`` without materializing it (see :func:`virtual_cat_applies`). ``input_affine`` (a
-    constant of the call) makes it the conv of ``input_act(x * s + t)`` (see :func:`affine_prologue_applies`)."""
+    constant of the call) makes it the conv of ``input_act(x * s + t)`` (see :func:`affine_prologue_applies`).
+    With an example ``pool`` it also writes the output's mean over its pixels into every ``pool`` like it
+    (see :func:`pool_applies`)."""
     from fuser import kernels
 
     groups = geometry.groups
@@ -111,6 +114,8 @@ def conv2d(
     ):
         return None
     if cat_with is None and upsample != 1:
+        return None
+    if pool is not None and not pool_applies(x, pool, weight, geometry, cat_with):
         return None
     oh, ow = geometry.output_size((x if cat_with is None else cat_with).shape[2:], (kh, kw))
     if not _residual_fits(residual, (x.shape[0], c_out, oh, ow)):
@@ -136,11 +141,33 @@ def conv2d(
         upsample=upsample,
         input_affine=input_affine,
         input_act=input_act,
+        pool=pool,
     )
-    # the plan uses the strides of out, input_scale and cat_with: it is only ever called with ones like them
-    return lambda x, residual, out=None, input_scale=None, cat_with=None: plan(
-        x, packed, bias, residual, out, input_scale, cat_with, input_affine
+    # the plan uses the strides of out, input_scale, cat_with and pool: it is only ever called with ones like them
+    return lambda x, residual, out=None, input_scale=None, cat_with=None, pool=None: plan(
+        x, packed, bias, residual, out, input_scale, cat_with, input_affine, pool
     )
+
+
+def pool_applies(
+    x: torch.Tensor,
+    pool: torch.Tensor,
+    weight: torch.Tensor,
+    geometry: ConvGeometry,
+    cat_with: torch.Tensor | None = None,
+) -> bool:
+    """Whether the kernel also writes the output's mean over its pixels into ``pool``: a contiguous
+    ``[N, C_out]`` of ``x``'s dtype and device, and a depthwise conv (the depthwise kernel sums it in its
+    epilogue; no other kernel does). Elsewhere the reference computes the mean of the output."""
+    from fuser.kernels.conv_choice import ConvKernel, conv_kernel
+
+    if type(pool) is not torch.Tensor or pool.dtype != x.dtype or pool.device != x.device or cat_with is not None:
+        return False
+    c_out, c_in_g, kh, kw = weight.shape
+    if tuple(pool.shape) != (x.shape[0], c_out) or not pool.is_contiguous():
+        return False
+    kernel = conv_kernel(c_in_g * geometry.groups, c_out, geometry.groups, (kh, kw), geometry.stride, geometry.padding)
+    return kernel == ConvKernel.DEPTHWISE
 
 
 def virtual_cat_applies(

@@ -6,6 +6,7 @@ cat_buffers     fused convs store straight into the slices of the concatenation 
 pool_pyramid    cat([x, pool(x), pool(pool(x)), ...]) as one kernel
 max_pool        the other 2-D max pools as an NHWC kernel
 channel_mean    spatial means (the SE pool) as one NHWC reduction kernel
+depthwise_pool  a spatial mean of a depthwise conv's output summed in that conv's epilogue
 virtual_cat     conv(cat([upsample(a), b])) reads a and b directly
 input_scale     conv(x * s), s per image and channel, multiplies as it loads x
 batchnorm_prologue  BN [-> act] before a fused conv or linear: its operand prologue, or folded into its weights

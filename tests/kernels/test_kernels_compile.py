@@ -101,10 +101,12 @@ def test_split_k_reduction_compiles() -> None:
 @pytest.mark.parametrize(
     "prologue", [NO_PROLOGUE, CHANNEL_SCALE, AFFINE_RELU], ids=["plain", "channel_scale", "affine_relu"]
 )
-def test_depthwise_compiles(prologue: dict[str, int]) -> None:
+@pytest.mark.parametrize("pool", [0, 1, 2], ids=["no-pool", "pool-partials", "pool-mean"])  # depthwise.POOL_*
+def test_depthwise_compiles(prologue: dict[str, int], pool: int) -> None:
     pointers = {"x_ptr": "*fp16", "w_ptr": "*fp16", "bias_ptr": "*fp32", "res_ptr": "*fp16", "out_ptr": "*fp16"}
     pointers["ps_ptr"] = "*fp16"
-    constexprs = {"KH": 3, "KW": 3, **EPILOGUE, **prologue, "BLOCK_M": 64, "BLOCK_N": 32}
+    pointers["pool_ptr"] = "*fp32" if pool == 1 else "*fp16"  # the float32 partial sums, or the mean itself
+    constexprs = {"KH": 3, "KW": 3, **EPILOGUE, **prologue, "POOL": pool, "BLOCK_M": 64, "BLOCK_N": 32}
     assert compile_sm90(depthwise._depthwise_act_kernel, pointers, constexprs).asm["ptx"]
 
 
@@ -114,7 +116,7 @@ def test_channel_mean_compiles(final: bool) -> None:
     constexprs = {"FINAL": final, "BLOCK_P": 32, "BLOCK_C": 64}
     assert compile_sm90(channel_mean._channel_sum_kernel, pointers, constexprs).asm["ptx"]
     pointers = {"part_ptr": "*fp32", "out_ptr": "*fp16"}
-    assert compile_sm90(channel_mean._add_splits_kernel, pointers, {"BLOCK_C": 64}).asm["ptx"]
+    assert compile_sm90(channel_mean._add_splits_kernel, pointers, {"BLOCK_S": 32, "BLOCK_C": 64}).asm["ptx"]
 
 
 def test_pool_pyramid_compiles_with_its_window_rows_as_a_loop() -> None:
