@@ -15,12 +15,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-import torch._dynamo
 import torch.nn.functional as F
 from accuracy import assert_close, reference64
+from test_compile import compile_and_count
 from torch import nn
-from torch._dynamo.testing import CompileCounterWithBackend
-from torch._dynamo.utils import counters
 
 import fuser
 from fuser.kernels.conv_choice import conv_kernel
@@ -222,14 +220,8 @@ def test_torch_compile_of_lone_convs_is_one_frame_without_breaks(backend: str) -
     fast = fuser.optimize(model, (x,), precision="ieee", backend=backend)
     with torch.no_grad():
         eager = fast(x)
-    torch._dynamo.reset()
-    counters.clear()
-    counter = CompileCounterWithBackend("eager")
-    compiled = torch.compile(fast, backend=counter)
-    with torch.no_grad():
-        for _ in range(3):
-            out = compiled(x)
-    assert counter.frame_count == 1 and not counters["graph_break"], dict(counters["graph_break"])
+    out, counter, breaks = compile_and_count(fast, x)
+    assert counter.frame_count == 1 and not breaks, breaks
     fused_ops = [n for g in counter.graphs for n in g.graph.nodes if str(n.target).startswith("fuser.")]
     assert len(fused_ops) == 5
     for a, b in zip(out, eager, strict=True):
