@@ -53,6 +53,19 @@ UNSUPPORTED_ACTIVATIONS: dict[Any, str] = {
     nn.Softsign: "softsign",
 }
 
+
+def unsupported_successor(node: fx.Node, modules: dict[str, nn.Module]) -> str | None:
+    """The name of the activation no epilogue implements that is ``node``'s only user, or None."""
+    if len(node.users) != 1:
+        return None
+    user = next(iter(node.users))
+    if user.op == "call_function":
+        return UNSUPPORTED_ACTIVATIONS.get(user.target)
+    if user.op == "call_module":
+        return UNSUPPORTED_ACTIVATIONS.get(type(modules.get(str(user.target))))
+    return None
+
+
 CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 CONV_DEFAULTS = {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1}
 BN_ARGS = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")

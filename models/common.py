@@ -110,18 +110,20 @@ def fusable_chain_heads(module: nn.Module, prefix: str = "") -> list[str]:
     The rule (what a conv/GEMM fusion library should fuse; each chain is named by its first module):
 
     - every Conv2d followed by a BatchNorm2d is one chain (conv_bn[_act][_residual]), whatever follows;
-    - every Conv2d WITH bias followed directly by an activation is one chain (squeeze-excitation convs);
+    - every other Conv2d WITH bias is one chain, whatever follows: with the activation after it
+      (squeeze-excitation convs) or alone, its bias in the epilogue (YOLO's final 1x1 head convs, a ViT's
+      patch embedding);
     - every Linear followed by an activation, or whose output is directly added to a residual, is one
       chain;
-    - a Conv2d or Linear followed by nothing fusable is not a chain: YOLO's final 1x1 head convs, the
-      DFL conv, a ViT's patch embedding and qkv projection, a classifier head. Matmuls between two
-      activations (attention's ``q @ k^T`` and ``attn @ v``) have no weights and are not counted.
+    - a bias-free Conv2d or a Linear followed by nothing fusable is not a chain: the DFL conv, a ViT's
+      qkv projection, a classifier head. Matmuls between two activations (attention's ``q @ k^T`` and
+      ``attn @ v``) have no weights and are not counted.
 
     Data flow is not visible from the module tree, so it is read in three ways: a block that knows its
     own forward declares its heads with a ``declared_chain_heads() -> list[str]`` method (names
     relative to the block, covering its children); an ``nn.Sequential`` runs its children in order, so
-    adjacent (Conv2d, BatchNorm2d), (biased Conv2d, activation) and (Linear, activation) pairs are
-    chains; any other module is the union of its children.
+    adjacent (Conv2d, BatchNorm2d) and (Linear, activation) pairs and biased Conv2d are chains; any other
+    module is the union of its children, a biased Conv2d child being a chain.
     """
     declared = getattr(module, "declared_chain_heads", None)
     if declared is not None:
@@ -129,8 +131,16 @@ def fusable_chain_heads(module: nn.Module, prefix: str = "") -> list[str]:
     elif isinstance(module, nn.Sequential):
         names = _sequential_chain_heads(module)
     else:
-        names = [h for name, child in module.named_children() for h in fusable_chain_heads(child, f"{name}.")]
+        names = [
+            h
+            for name, child in module.named_children()
+            for h in ([name] if _biased_conv(child) else fusable_chain_heads(child, f"{name}."))
+        ]
     return [prefix + name for name in names]
+
+
+def _biased_conv(module: nn.Module | None) -> bool:
+    return isinstance(module, nn.Conv2d) and module.bias is not None
 
 
 def _sequential_chain_heads(seq: nn.Sequential) -> list[str]:
@@ -138,9 +148,8 @@ def _sequential_chain_heads(seq: nn.Sequential) -> list[str]:
     heads: list[str] = []
     for (name, child), (_, after) in zip(items, [*items[1:], ("", None)], strict=True):
         is_conv_bn = isinstance(child, nn.Conv2d) and isinstance(after, nn.modules.batchnorm._BatchNorm)
-        is_conv_act = isinstance(child, nn.Conv2d) and child.bias is not None and is_activation_module(after)
         is_linear_act = isinstance(child, nn.Linear) and is_activation_module(after)
-        if is_conv_bn or is_conv_act or is_linear_act:
+        if is_conv_bn or _biased_conv(child) or is_linear_act:
             heads.append(name)
         else:
             heads.extend(fusable_chain_heads(child, f"{name}."))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -20,9 +21,15 @@ from fuser.graph_ops import (
     CONV_DEFAULTS,
     LINEAR_ARGS,
     LINEAR_DEFAULTS,
+    MUL_TARGETS,
     bind,
+    cat_operands,
+    classify,
     constant_tensor,
+    read_activation,
+    unsupported_successor,
 )
+from fuser.lower.backends import KERNEL_DTYPES
 from fuser.match.chain import Chain, describe_node, value_users
 
 
@@ -61,6 +68,20 @@ def batchnorm_eval(chain: Chain, gm: fx.GraphModule) -> str | None:
     if found is None:
         return None
     bn, _ = found
+    reason = _statistics_reason(bn, gm)
+    if reason is not None:
+        return reason
+    module = _module(gm, bn)
+    if module is not None:
+        if chain.infos[0].kind != "linear" or type(module) is not nn.BatchNorm1d:
+            return f"{type(module).__name__} {describe_node(bn)} is not folded into a 2-D conv"
+        return _normalizes_the_features(chain, bn)
+    return _normalizes_the_features(chain, bn) if chain.infos[0].kind == "linear" else None
+
+
+def _statistics_reason(bn: fx.Node, gm: fx.GraphModule) -> str | None:
+    """Why the BatchNorm ``bn`` (a module call or a canonical F.batch_norm) does not normalize with constant
+    running statistics, or None when it does (it is in eval mode and can be folded somewhere)."""
     module = _module(gm, bn)
     if module is not None:
         if module.training:
@@ -70,9 +91,7 @@ def batchnorm_eval(chain: Chain, gm: fx.GraphModule) -> str | None:
             )
         if getattr(module, "running_mean", None) is None:
             return f"BatchNorm {describe_node(bn)} has no running statistics (track_running_stats=False)"
-        if chain.infos[0].kind != "linear" or type(module) is not nn.BatchNorm1d:
-            return f"{type(module).__name__} {describe_node(bn)} is not folded into a 2-D conv"
-        return _normalizes_the_features(chain, bn)
+        return None
     args = bind(bn, BN_ARGS, BN_DEFAULTS)
     if args["training"] is not False:
         if isinstance(args["training"], fx.Node):
@@ -80,7 +99,7 @@ def batchnorm_eval(chain: Chain, gm: fx.GraphModule) -> str | None:
         return f"BatchNorm {describe_node(bn)} runs with training=True: batch statistics cannot be folded"
     if constant_tensor(gm, args["running_mean"]) is None or constant_tensor(gm, args["running_var"]) is None:
         return f"BatchNorm {describe_node(bn)} has no constant running statistics"
-    return _normalizes_the_features(chain, bn) if chain.infos[0].kind == "linear" else None
+    return None
 
 
 def _normalizes_the_features(chain: Chain, bn: fx.Node) -> str | None:
@@ -216,6 +235,66 @@ def residual_shape(chain: Chain, gm: fx.GraphModule) -> str | None:
     return None
 
 
+def _kind(node: Any, modules: dict[str, nn.Module]) -> str | None:
+    info = classify(node, modules) if isinstance(node, fx.Node) else None
+    return None if info is None else info.kind
+
+
+def _feeds_fused_conv_input(node: Any, gm: fx.GraphModule, modules: dict[str, nn.Module]) -> bool:
+    """Whether ``node``, a conv's input, is what a pass after the chains folds into a fused conv's operand
+    load: a concatenation (fuser.rewrite.virtual_cat), a product (fuser.rewrite.input_scale), or an eval
+    BatchNorm that no conv or linear before it absorbs, or an activation of one
+    (fuser.rewrite.batchnorm_prologue)."""
+    if not isinstance(node, fx.Node):
+        return False
+    if cat_operands(node) is not None:
+        return True
+    product = node.op == "call_function" and node.target in MUL_TARGETS
+    if product or (node.op == "call_method" and node.target == "mul"):
+        return True
+    if read_activation(node) is not None and node.args:
+        node = node.args[0]
+    if _kind(node, modules) != "batch_norm" or _statistics_reason(node, gm) is not None:
+        return False
+    return _kind(node.args[0], modules) not in ("conv2d", "linear")  # else a chain folds it there
+
+
+def _lone_conv_gain(chain: Chain, has_bias: bool, gm: fx.GraphModule) -> str | None:
+    head, modules = chain.head, dict(gm.named_modules())
+    users = value_users(head)
+    bn = next((u for u in users if _kind(u, modules) == "batch_norm"), None)
+    if bn is not None:  # the conv -> BN chain was refused, and that refusal is the reason the report gives
+        return f"conv {describe_node(head)} feeds BatchNorm {describe_node(bn)}, which is not folded into it"
+    if has_bias or _feeds_fused_conv_input(chain.infos[0].data, gm, modules) or any(cat_operands(u) for u in users):
+        return None
+    after = unsupported_successor(head, modules)
+    return (
+        f"conv {describe_node(head)} has no bias, activation or residual add to fuse"
+        + (f" (it is followed by {after}, which no epilogue implements)" if after else "")
+        + ", and no concatenation, channel scale or BatchNorm beside it that a fused conv would take: "
+        "it stays a PyTorch conv"
+    )
+
+
+def conv_gain(chain: Chain, gm: fx.GraphModule) -> str | None:
+    """A conv with no BatchNorm or activation to fold in (the lone conv, conv -> + residual) is fused only in
+    a dtype the kernels take (a float64 model's fused module would run the same PyTorch conv); a lone conv
+    not where it feeds a BatchNorm that its chain could not fold (training mode, say: the conv stays with its
+    BatchNorm), and without bias only where a later pass needs it fused: cuDNN runs a bare conv as fast."""
+    if chain.infos[0].kind != "conv2d" or chain.step("batch_norm") is not None or chain.step("act") is not None:
+        return None
+    args = bind(chain.head, CONV_ARGS, CONV_DEFAULTS)
+    weight = constant_tensor(gm, args["weight"])
+    if weight.dtype not in KERNEL_DTYPES:
+        return (
+            f"conv {describe_node(chain.head)} has {weight.dtype} weights, which no fused kernel takes: "
+            "it stays as it is"
+        )
+    if chain.step("add") is not None:
+        return None  # the add goes into the epilogue
+    return _lone_conv_gain(chain, args["bias"] is not None, gm)
+
+
 # Checked in order; the first failure is the reason given.
 GUARDS: list[Guard] = [
     # the conv is a plain zero-padded conv2d with static attributes
@@ -232,6 +311,8 @@ GUARDS: list[Guard] = [
     Guard("dtypes_and_devices", dtypes_and_devices),
     # the residual neither broadcasts the output to a larger shape nor promotes its dtype
     Guard("residual_shape", residual_shape),
+    # a conv with nothing but its bias and a residual to fuse: a kernel runs it, and it gains something
+    Guard("conv_gain", conv_gain),
 ]
 
 

@@ -16,7 +16,7 @@ import networkx as nx
 import torch.fx as fx
 from networkx.algorithms import isomorphism
 
-from fuser.graph_ops import UNSUPPORTED_ACTIVATIONS, OpInfo, classify
+from fuser.graph_ops import OpInfo, classify, unsupported_successor
 from fuser.match.chain import Chain, describe_node
 from fuser.match.guards import GUARDS, Guard, first_failure
 from fuser.match.patterns import PATTERNS, ChainPattern
@@ -46,18 +46,6 @@ def classified_graph(gm: fx.GraphModule) -> tuple[nx.DiGraph, dict[fx.Node, OpIn
             if user in infos:
                 g.add_edge(node, user)
     return g, infos
-
-
-def _unsupported_successor(node: fx.Node, gm: fx.GraphModule) -> str | None:
-    """The name of an activation no epilogue implements, when ``node``'s only user is one."""
-    if len(node.users) != 1:
-        return None
-    user = next(iter(node.users))
-    if user.op == "call_function":
-        return UNSUPPORTED_ACTIVATIONS.get(user.target)
-    if user.op == "call_module":
-        return UNSUPPORTED_ACTIVATIONS.get(type(dict(gm.named_modules()).get(str(user.target))))
-    return None
 
 
 def _unfolded_batchnorms(
@@ -98,6 +86,7 @@ def find_chains(
     patterns = PATTERNS if patterns is None else patterns
     guards = GUARDS if guards is None else guards
     g, infos = classified_graph(gm)
+    modules = dict(gm.named_modules())
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     claimed: set[fx.Node] = set()
     failures: dict[fx.Node, Rejection] = {}
@@ -120,7 +109,7 @@ def find_chains(
             if nodes[0] in failures:
                 longer = failures[nodes[0]]
                 chain.notes.append(f"not fused as {' -> '.join(longer.chain.ops)}: {longer.reason}")
-            unsupported = _unsupported_successor(nodes[-1], gm)
+            unsupported = unsupported_successor(nodes[-1], modules)
             if unsupported:
                 chain.notes.append(f"followed by {unsupported}, which no epilogue implements")
             claimed.update(nodes)
@@ -129,7 +118,7 @@ def find_chains(
     result.rejected = [r for head, r in failures.items() if head not in claimed]
     for node, info in infos.items():
         if info.kind in ("conv2d", "linear") and node not in claimed and node not in failures:
-            unsupported = _unsupported_successor(node, gm)
+            unsupported = unsupported_successor(node, modules)
             if unsupported:
                 name = "conv_act" if info.kind == "conv2d" else "gemm_epilogue"
                 chain = Chain(ChainPattern(name, (info.kind,)), [node], [info], graph_path)

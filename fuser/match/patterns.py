@@ -72,6 +72,10 @@ class ChainPattern:
         return g
 
 
+# A conv with nothing after it to fuse: its bias goes into the epilogue, and a fused conv is what the passes after
+# the chains (cat buffers, virtual inputs, BatchNorm prologues) work on. Last of the conv patterns.
+LONE_CONV = ChainPattern("conv", ("conv2d",), FUSED_CONV)
+
 PATTERNS: list[ChainPattern] = [
     # conv -> BN -> act -> + residual (YOLO bottleneck, MBConv projection with act): all four in one kernel
     ChainPattern("conv_bn_act", ("conv2d", "batch_norm", "act", "add"), FUSED_CONV, Residual.AFTER_ACT),
@@ -89,6 +93,10 @@ PATTERNS: list[ChainPattern] = [
     ChainPattern("conv_act", ("conv2d", "add", "act"), FUSED_CONV, Residual.BEFORE_ACT),
     # conv(+bias) -> act (squeeze-excitation convs, folded exports)
     ChainPattern("conv_act", ("conv2d", "act"), FUSED_CONV),
+    # conv(+bias) -> + residual, no act (the downsample add of already-folded exports)
+    ChainPattern("conv", ("conv2d", "add"), FUSED_CONV, Residual.AFTER_ACT),
+    # a lone conv(+bias) (YOLO detect head outputs, ViT / Swin patch embeddings); guards say where it gains nothing
+    LONE_CONV,
     # linear -> BN over its features -> act (timm LeViT's LinearNorm, MLP heads with BatchNorm1d): BN folded
     ChainPattern("gemm_bn_act", ("linear", "batch_norm", "act"), FUSED_LINEAR),
     # linear -> BN over its features (BN folded into the linear's weight and bias)

@@ -37,15 +37,17 @@ from fuser.kernels.precision import Precision
 from fuser.lower.fused_modules import FusedConv2d, FusedLinear
 from fuser.match.chain import Chain, describe_node
 from fuser.match.guards import first_failure
-from fuser.match.patterns import FUSED_CONV, FUSED_LINEAR, ChainPattern
+from fuser.match.patterns import FUSED_LINEAR, LONE_CONV, ChainPattern
 from fuser.report import BATCH_NORM_INTO_WEIGHTS, BATCH_NORM_KEPT, BATCH_NORM_PROLOGUE, GraphRewrite
 from fuser.rewrite.batchnorm_fold import BatchNormParams, batchnorm_scale_shift, fold_batchnorm_before
+from fuser.rewrite.cat_buffers import cat_buffer
 from fuser.rewrite.chains import batchnorm_params, build_fused_module, delete_unread_tensors, rewrite_chains
 from fuser.rewrite.node_pass import candidates, finish
 
-# A conv or linear that no chain fused, fused alone so that it can take the BatchNorm before it.
+# A conv or linear that no chain fused, fused alone so that it can take the BatchNorm before it (the matcher
+# fuses such a conv already, unless a guard refuses it; asking again gives the reason).
 _LONE = {
-    F.conv2d: ChainPattern("conv", ("conv2d",), FUSED_CONV),
+    F.conv2d: LONE_CONV,
     F.linear: ChainPattern("gemm", ("linear",), FUSED_LINEAR),
 }
 
@@ -112,8 +114,14 @@ def _layer_reason(fold: _Fold, module: Any, gm: fx.GraphModule) -> str | None:
     return None
 
 
+def _shape_readers(node: fx.Node) -> list[fx.Node]:
+    """The users of ``node`` that read only its shape, dtype and device: the concatenation buffer that
+    fuser.rewrite.cat_buffers allocates from a fused conv's input (any tensor of that shape will do)."""
+    return [u for u in node.users if u.op == "call_function" and u.target is cat_buffer]
+
+
 def _only_user(node: fx.Node) -> fx.Node | str:
-    users = list(node.users)
+    users = [u for u in node.users if u not in _shape_readers(node)]
     if len(users) == 1:
         return users[0]
     names = ", ".join(f"`{u.name}`" for u in users) or "none: it is an output"
@@ -177,7 +185,10 @@ def _apply(fold: _Fold, gm: fx.GraphModule, precision: Precision, backend: str) 
         (name,) = rewrite_chains(gm, [fold.lone], precision, backend)
         layer = next(n for n in gm.graph.nodes if n.op == "call_module" and n.target == name)
     module = gm.get_submodule(str(layer.target))
-    layer.replace_input_with(fold.act_node or bn, _eval_batch_norm(bn, gm)[0])  # type: ignore[index]
+    source = _eval_batch_norm(bn, gm)[0]  # type: ignore[index]
+    for node in [n for n in (bn, fold.act_node) if n is not None]:
+        for reader in [layer, *_shape_readers(node)]:
+            reader.replace_input_with(node, source)  # the layer, and the buffers sized by what it reads
     if fold.into_weights:
         module.set_weights(*fold_batchnorm_before(module.weight, module.bias, fold.params))
         kind, what = BATCH_NORM_INTO_WEIGHTS, f"folded into the weights of {describe_node(layer)}"

@@ -194,7 +194,12 @@ def test_densenet_batch_norms_after_a_cat_go_into_the_convs(backend: str, k: int
     folded = _kinds(fast, "batch_norm_prologue")
     assert sorted(r.location for r in folded) == ["layer1.norm1", "layer2.norm1", "transition.0"], report
     assert all("relu" in r.detail and len(r.eliminated) == 2 for r in folded), report
-    assert "lone conv" in next(r.detail for r in folded if r.location == "transition.0")  # fused for it
+    # the transition's bias-free conv is fused alone by the matcher because a BatchNorm prologue can go into it
+    fused = [(e.pattern, *e.modules) for e in fast.fusion_report.fused]
+    assert ("conv", "transition.2") in fused, report
+    # the dense layers' last convs and the stem feed the concatenations, which their cat buffers take
+    assert {("conv", m) for m in ("stem", "layer1.conv2", "layer2.conv2")} <= set(fused), report
+    assert len(_kinds(fast, "cat_buffer")) == 3, report
     (kept,) = _kinds(fast, "batch_norm_kept")
     assert kept.location == "norm5" and "fused_channel_mean" in kept.detail and not kept.eliminated, report
     (rejected,) = fast.fusion_report.rejected  # the lone BN the matcher named: norm5 only, with both reasons

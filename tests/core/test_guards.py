@@ -122,21 +122,27 @@ def test_reflect_padding_is_reported():
     assert "padding_mode='reflect'" in entry.reason
 
 
-def test_unsupported_activation_is_reported():
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_unsupported_activation_is_reported(bias: bool):
     class M(nn.Module):
         def __init__(self):
             super().__init__()
             self.a = ConvBnAct(nn.SELU(), 5, 5)
-            self.conv = nn.Conv2d(5, 5, 1)
+            self.conv = nn.Conv2d(5, 5, 1, bias=bias)
 
         def forward(self, x):
             return F.elu(self.conv(self.a(x)))
 
     opt = optimize_and_compare(seeded(M()), torch.randn(2, 5, 9, 7))
     fused, rejected = opt.fusion_report.fused, opt.fusion_report.rejected
-    assert [e.ops for e in fused] == [["conv2d", "batch_norm"]]
+    assert fused[0].ops == ["conv2d", "batch_norm"]
     assert "selu" in fused[0].notes[0]
-    assert len(rejected) == 1 and "elu" in rejected[0].reason
+    if bias:  # the lone conv fuses its bias; the elu runs after it
+        assert [e.ops for e in fused][1:] == [["conv2d"]] and not rejected
+        assert "followed by elu" in fused[1].notes[0]
+    else:  # nothing to fuse into the conv: it stays, and the report says what follows it
+        assert len(fused) == 1 and len(rejected) == 1
+        assert "followed by elu" in rejected[0].reason and "no bias" in rejected[0].reason
 
 
 def test_residual_that_broadcasts_the_output_is_rejected():

@@ -6,8 +6,8 @@ submodules that trace (recursing into the children of any that does not) and app
 ``fusable_chain_heads`` to each graph:
 
 - a Conv2d whose only user is a BatchNorm2d;
-- a Conv2d with bias whose only user is an activation (or that feeds both ``sigmoid`` and a ``mul`` of
-  itself with it, the written-out SiLU);
+- a Conv2d with bias, whatever its users (an activation after it, or nothing fusable: its bias is the
+  epilogue);
 - a Linear whose only user is an activation or an add.
 """
 
@@ -46,15 +46,6 @@ def _is_activation(node: fx.Node, modules: dict[str, nn.Module]) -> bool:
     return False
 
 
-def _is_written_out_silu(node: fx.Node) -> bool:
-    users = list(node.users)
-    if len(users) != 2:
-        return False
-    sigmoid = [u for u in users if u.target in (torch.sigmoid, "sigmoid")]
-    mul = [u for u in users if u.target in (operator.mul, torch.mul)]
-    return len(sigmoid) == 1 and len(mul) == 1 and set(mul[0].args) == {node, sigmoid[0]}
-
-
 def chain_heads_in_graph(gm: fx.GraphModule, prefix: str = "") -> list[str]:
     """Qualified names (``prefix`` + target) of the Conv2d / Linear modules that start a chain."""
     modules = dict(gm.named_modules())
@@ -68,10 +59,7 @@ def chain_heads_in_graph(gm: fx.GraphModule, prefix: str = "") -> list[str]:
         if isinstance(module, nn.Conv2d):
             feeds_bn = only is not None and only.op == "call_module"
             feeds_bn = feeds_bn and isinstance(modules[only.target], nn.BatchNorm2d)
-            feeds_act = module.bias is not None and (
-                (only is not None and _is_activation(only, modules)) or _is_written_out_silu(node)
-            )
-            if feeds_bn or feeds_act:
+            if feeds_bn or module.bias is not None:
                 heads.append(prefix + node.target)
         elif isinstance(module, nn.Linear) and only is not None:
             feeds_add = only.op == "call_function" and only.target in ADDS

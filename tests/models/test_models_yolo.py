@@ -66,12 +66,14 @@ def test_largest_traceable_units_are_the_blocks_and_the_head_branches() -> None:
 
 def test_expected_fusions_by_the_architecture() -> None:
     # Counted here from the layer objects, a third way: 1 per Conv block, 2 per C2f plus 2 per
-    # Bottleneck, 2 per SPPF, and 2 Convs in each of Detect's 2 x 3 branches.
+    # Bottleneck, 2 per SPPF, 2 Convs in each of Detect's 2 x 3 branches, and each branch's last 1x1
+    # conv (bias, nothing after it: a lone conv). The DFL conv has no bias and is not one.
     model = built("yolov8n")
     conv_blocks = sum(isinstance(m, Conv) for m in model.modules())
-    assert model.expected_fusions == conv_blocks
     detect = model.model[-1]
+    assert model.expected_fusions == conv_blocks + 2 * detect.nl
     assert sum(isinstance(m, Conv) for m in detect.modules()) == 2 * 2 * detect.nl
+    assert detect.dfl.conv.bias is None
 
 
 def test_input_size_must_be_a_multiple_of_32() -> None:

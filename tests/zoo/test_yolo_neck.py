@@ -32,26 +32,26 @@ from fuser.models.common import randomize_batchnorm
 
 # Per model: the neck's upsample -> Concat -> conv steps read as virtual inputs, the cats that get a buffer
 # (every C2f / C3k2 / C2PSA / C3 cat and the neck's Concats of a conv output with an earlier level), and what a
-# forward runs outside fuser's kernels (the head's last 1x1 convs, which have no BN or activation to fuse;
-# YOLO11's attention block: its matmuls, its softmax, a reshape of a split and the split half copied into
-# its cat buffer).
+# forward runs outside fuser's kernels (nothing in YOLOv8 and YOLOv5: the head's last 1x1 convs are lone convs
+# with their bias in the epilogue, and the fused detect tail reads their outputs without a cat; YOLO11's
+# attention block: its matmuls, its softmax, a reshape of a split and the split half copied into its cat buffer).
 EXPECTED: dict[str, dict[str, Any]] = {
     "yolov8n": {
         "virtual_cat": ["model.11", "model.14"],
         "cat_buffer": [f"model.{i}" for i in (2, 4, 6, 8, 12, 15, 17, 18, 20, 21)],
-        "outside": {"convolution": 6},
+        "outside": {},
     },
     "yolo11n": {
         "virtual_cat": ["model.12", "model.15"],
         "cat_buffer": [f"model.{i}" for i in (2, 4, 6, 8, 10, 13, 16, 18, 19, 21, 22)]
         + ["model.6.m.0", "model.8.m.0", "model.22.m.0"],
-        "outside": {"convolution": 6, "bmm": 2, "mul": 1, "_softmax": 1, "clone": 1, "copy_": 1},
+        "outside": {"bmm": 2, "mul": 1, "_softmax": 1, "clone": 1, "copy_": 1},
     },
     # C3: both of its 1x1 convs read the neck's upsample + Concat as a virtual input
     "yolov5nu": {
         "virtual_cat": ["model.12", "model.16"],
         "cat_buffer": [f"model.{i}" for i in (2, 4, 6, 8, 13, 17, 19, 20, 22, 23)],
-        "outside": {"convolution": 6},
+        "outside": {},
     },
 }
 # allocations, and a view that aten does not mark as one
@@ -95,6 +95,10 @@ def test_backbone_and_neck_are_one_graph_and_match_float64(name: str) -> None:
         found = sorted(r.location for r in report.rewrites if r.kind == kind)
         assert found == sorted(EXPECTED[name][kind]), f"{kind}: {found}\n{report}"
     assert [r.location for r in report.rewrites if r.kind == "detect_head"] == [head]
+    # each branch's last 1x1 conv (bias, nothing after it) is fused alone; the bias-free DFL conv stays
+    lone = sorted(e.modules[0] for e in report.fused if e.ops == ["conv2d"])
+    assert lone == sorted(f"{head}.cv{b}.{i}.2" for b in (2, 3) for i in range(3)), str(report)
+    assert [e.modules for e in report.rejected] == [[f"{head}.dfl.conv"]], str(report)
     with torch.no_grad():
         out = fast(x)
         ref = copy.deepcopy(model).double()(x.double())
