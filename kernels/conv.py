@@ -40,7 +40,7 @@ from .direct_conv import direct_candidates, prepare_direct
 from .epilogue import NO_EPILOGUE, Epilogue
 from .gemm import gemm_candidates, prepare_gemm
 from .launch import (
-    Float32Copies,
+    FLOAT32_BIASES,
     KernelCall,
     PlanCache,
     aligned_2d,
@@ -496,7 +496,7 @@ def _plan_conv(
     affine_act = None if input_affine is None else input_act
     bias32 = check_bias(op, bias, c_out)
     convert_bias = bias32 is not None and bias32 is not bias
-    float32_bias = Float32Copies()
+    float32_bias = FLOAT32_BIASES
     out4 = (n, c_out, oh, ow)
     res4 = check_residual(op, epilogue, residual, out4)
     dtype = x.dtype

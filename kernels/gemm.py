@@ -18,7 +18,7 @@ import triton.language as tl
 from .autotune import Problem, TileConfig, matmul_candidates
 from .epilogue import NO_EPILOGUE, Epilogue
 from .launch import (
-    Float32Copies,
+    FLOAT32_BIASES,
     KernelCall,
     PlanCache,
     aligned_2d,
@@ -392,7 +392,7 @@ def _plan_gemm(
     affine_act = None if input_affine is None else input_act
     bias32 = check_bias(op, bias, n)
     convert_bias = bias32 is not None and bias32 is not bias
-    float32_bias = Float32Copies()
+    float32_bias = FLOAT32_BIASES
     out_shape = (*a.shape[:-1], n)
     dtype = a.dtype
     res = check_residual(op, epilogue, residual, out_shape)

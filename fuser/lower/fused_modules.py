@@ -29,6 +29,7 @@ from torch.utils.hooks import RemovableHandle
 
 from fuser.activations import Activation
 from fuser.kernels.epilogue import Epilogue
+from fuser.kernels.launch import FLOAT32_BIASES
 from fuser.kernels.precision import Precision
 from fuser.lower import calls, kernel_dispatch, ops
 from fuser.lower.backends import KERNEL_DTYPES, check_backend, is_decomposed, uses_kernels
@@ -144,6 +145,9 @@ class _FusedBase(nn.Module):
         if uses_kernels(self.backend, weight.device) and weight.dtype in KERNEL_DTYPES:
             packed = self._pack(weight)
         self._buffers["packed"] = packed
+        bias = self._buffers["bias"]
+        if packed is not None and bias is not None and bias.is_cuda and bias.dtype != torch.float32:
+            FLOAT32_BIASES(bias)  # the kernels' float32 bias, made here rather than inside a compiled forward
         self._packed_from = (weight.data_ptr(), weight._version)
         self._op_args = self._make_op_args()
         self._calls = {}

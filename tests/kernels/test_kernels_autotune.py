@@ -284,3 +284,22 @@ def test_float32_bias_copies_are_made_once_per_tensor_and_version() -> None:
     assert torch.equal(copies(a), a.float()) and copies(a) is not first
     del b
     assert len(copies._copies) == 1  # a freed bias's copy is dropped
+
+
+def test_plans_of_one_bias_share_its_float32_copy() -> None:
+    """Two plans of one fp16 bias (two input shapes) read one float32 copy: a plan first built inside a
+    compiled forward then makes none in that forward's CUDA-graph pool."""
+    import torch
+
+    from fuser.kernels import Precision, conv2d_act, pack_conv_weight
+    from fuser.kernels.launch import FLOAT32_BIASES
+
+    gen = torch.Generator().manual_seed(11)
+    weight = pack_conv_weight(torch.randn(9, 5, 3, 3, generator=gen).half(), Precision("fp16"))
+    bias = torch.randn(9, generator=gen).half()
+    conv2d_act(torch.randn(1, 5, 7, 9, generator=gen).half(), weight, bias, padding=1, interpret=True)
+    assert id(bias) in FLOAT32_BIASES._copies, "the plan's copy is not in the shared table"
+    first = FLOAT32_BIASES._copies[id(bias)][2][-1]
+    conv2d_act(torch.randn(2, 5, 11, 13, generator=gen).half(), weight, bias, padding=1, interpret=True)
+    kept = FLOAT32_BIASES._copies[id(bias)][2]
+    assert len(kept) == 1 and kept[0] is first
