@@ -726,6 +726,9 @@ def prepare_implicit_gemm(
     call = KernelCall(_conv2d_act_kernel, scalars, constexprs, interpret)
     # the residual as the reduction reads it: (image, oh, ow, channel) strides
     res_rows = (res_strides[0], res_strides[2], res_strides[3], res_strides[1])
+    # The runner outlives this call (with_fallback keeps it): it must not hold the example tensors, which a
+    # plan first made inside a compiled forward has from that forward's CUDA-graph pool.
+    out_row_stride, device, has_bias = out2.stride(0), x.device, bias32 is not None
 
     def runner(config: TileConfig) -> Callable[..., Any]:
         if order == ConvKernel.IMPLICIT_GEMM_ROW_RUNS:  # one K step per filter row, whatever the config
@@ -735,8 +738,8 @@ def prepare_implicit_gemm(
         w_block, out_block = [config.block_n, config.block_k], [config.block_m, config.block_n]
         reduce = None
         if config.split_k > 1:
-            reduce = SplitReduce(config.split_k, m, c_out, (oh, ow), res_rows, out2.stride(0), epilogue,
-                                 bias32 is not None, x.device, interpret)  # fmt: skip
+            reduce = SplitReduce(config.split_k, m, c_out, (oh, ow), res_rows, out_row_stride, epilogue,
+                                 has_bias, device, interpret)  # fmt: skip
 
         def run(
             x: torch.Tensor,

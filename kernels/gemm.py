@@ -229,6 +229,9 @@ def prepare_gemm(
         "USE_DESC": use_desc,
     }
     call = KernelCall(_gemm_act_kernel, scalars, constexprs, interpret)
+    # The runner outlives this call (with_fallback keeps it): it must not hold the example tensors, which a
+    # plan first made inside a compiled forward has from that forward's CUDA-graph pool.
+    out_row_stride, device, has_bias = out2.stride(0), out2.device, bias32 is not None
 
     def runner(config: TileConfig) -> Callable[..., Any]:
         options = call.options(config)
@@ -238,8 +241,8 @@ def prepare_gemm(
         reduce = None
         if config.split_k > 1:
             res_rows = (res_strides[0], res_strides[1], 0, res_strides[2])
-            reduce = SplitReduce(config.split_k, m, n, (s, 1), res_rows, out2.stride(0), epilogue,
-                                 bias32 is not None, out2.device, interpret)  # fmt: skip
+            reduce = SplitReduce(config.split_k, m, n, (s, 1), res_rows, out_row_stride, epilogue,
+                                 has_bias, device, interpret)  # fmt: skip
 
         def run(
             a3: torch.Tensor, w: torch.Tensor, bias32: Any, res3: Any, out2: torch.Tensor, scale2: Any = None

@@ -131,3 +131,28 @@ def test_plans_keep_no_tensor_of_the_call_they_were_made_for() -> None:
     del x, s, a, sa, outs
     gc.collect()
     assert [r() is None for r in refs] == [True] * len(refs)
+
+
+def test_compiled_plans_with_a_fallback_keep_no_example_tensor() -> None:
+    """A GPU plan (not the interpreter's) keeps its tile runner for the out-of-resources fallback: that runner
+    must not hold the example call's tensors either (built here on CPU tensors, never launched)."""
+    import gc
+    import weakref
+
+    from fuser.kernels import Epilogue, Precision, conv, gemm, pack_conv_weight, pack_gemm_weight
+
+    x = torch.randn(2, 9, 7, 19).permute(0, 3, 1, 2)  # channels_last [N, C, H, W]
+    out_nhwc = torch.empty(2, 9, 7, 13)
+    bias = torch.randn(13)
+    packed = pack_conv_weight(torch.randn(13, 19, 3, 3), "tf32")
+    plans = [conv.prepare_implicit_gemm("conv2d_act", x, packed, bias, Epilogue(), None, out_nhwc, (1, 1),
+                                        (1, 1, 1, 1), (1, 1), False, "pointer")]  # fmt: skip
+    a3, out2 = torch.randn(1, 37, 19), torch.empty(37, 11)
+    w = pack_gemm_weight(torch.randn(11, 19), "tf32").data
+    plans.append(gemm.prepare_gemm("gemm_act", a3, w, 11, Precision("tf32"), bias, Epilogue(), None, out2, False,
+                                   "pointer"))  # fmt: skip
+    refs = [weakref.ref(t) for t in (x, out_nhwc, bias, a3, out2)]
+    del x, out_nhwc, bias, a3, out2
+    gc.collect()
+    assert [r() is None for r in refs] == [True] * len(refs)
+    assert all(callable(p) for p in plans)
