@@ -3,17 +3,17 @@
 Implicit GEMM on NHWC: output pixels are the GEMM's M (``N * OH * OW``), output channels its N, and
 the reduction runs over ``K = KH * KW * C_in / groups`` in the packed weight's ``(kh, kw, c)`` order.
 The input patch is gathered straight from the activation as it is loaded (no im2col buffer), with
-masks for padding, image borders and odd channel counts. Two reduction orders:
+masks for padding, image borders and odd channel counts. Three reduction orders:
 
 - channel blocks (C_in / groups >= 16): one loop over (tap, channel block), a tile of contiguous
   channels per step; the loop is flat so the compiler pipelines loads across taps.
 - flat K (4 < C_in / groups < 16): K itself is tiled, each element decoding its own (kh, kw, c), so
   a 3x3x5 patch is two 32-wide steps instead of nine 16-wide steps of 5 useful lanes.
-- filter rows (C_in / groups < 16 and a filter row of at least 16 (kw, c) weights: the 7x7 RGB stem,
-  patch embeddings): one step per filter row (or per block of a long row). A row's ``KW * C_in/groups``
-  weights are contiguous in the packed K order, and for an output pixel its inputs sit at the same lane
-  offsets from the row's first tap, so each lane's (kw, c), offset and column bounds are decoded once per
-  row block, and per step only the pixel's row is: flat K decodes and bounds every element every step.
+- filter rows (C_in / groups < 16 and a filter row of 16 to 128 (kw, c) weights: the 7x7 RGB stem, patch
+  embeddings): one K step per filter row. A row's ``KW * C_in/groups`` weights are contiguous in the packed
+  K order, and for an output pixel its inputs sit at the same lane offsets from the row's first tap, so each
+  lane's (kw, c), offset and column bounds are decoded once, before the loop, and per step only the pixel's
+  row is: flat K decodes and bounds every element every step.
 
 Dispatch follows conv_choice.py (the decision packing and the report read too): depthwise convs go to
 depthwise.py, convs with at most 4 input channels per group (the RGB stem) to the direct kernel of
