@@ -1,7 +1,7 @@
 """BatchNorms after a concatenation or a pool, folded into the layer after them (fuser.rewrite.batchnorm_prologue).
 
 Kernels (Triton interpreter): the affine + activation operand prologue ``act(x * s + t)`` in every kernel that has
-the operand prologue (the 1x1 GEMM, the implicit GEMM over channel blocks and over flat K, grouped, depthwise),
+the operand prologue (the 1x1 GEMM, the implicit GEMM over channel blocks, flat K and filter rows, grouped, depthwise),
 against float64, odd channel counts, padding whose zeros must stay zeros after the activation, split-K, 16-bit
 inputs, and the refusals. Graph pass: a DenseNet-like model (cat -> BN -> ReLU -> 1x1 or padded 3x3 conv, a
 transition, a last BN -> ReLU -> pool that stays), LeViT's mean -> BatchNorm1d -> Linear, the near misses with
@@ -31,11 +31,12 @@ from fuser.onnx.exporter import export_onnx
 from fuser.report import BATCH_NORM_FOLDS
 
 # (C_in, C_out, kernel, stride, padding, groups): the 1x1 GEMM, the implicit GEMM over channel blocks and over
-# flat K (strided), a grouped conv, the depthwise kernel
+# flat K and over filter rows (strided), a grouped conv, the depthwise kernel
 CONVS = {
     "gemm_1x1": (37, 53, 1, 1, 0, 1),
     "implicit_3x3": (37, 11, 3, 1, 1, 1),
-    "implicit_flat_k": (7, 9, 3, 2, 1, 1),
+    "implicit_flat_k": (5, 9, 3, 2, 1, 1),  # filter rows of 15 weights: flat K
+    "implicit_rows": (7, 9, 3, 2, 1, 1),  # rows of 21: one K step per filter row
     "grouped": (18, 12, 3, 1, 2, 3),
     "depthwise": (19, 19, 3, 1, 1, 19),
     "depthwise_vectorized": (32, 32, 3, 2, 1, 32),  # channel runs loaded 4 or 8 at a time

@@ -253,8 +253,8 @@ class OpLog(TorchDispatchMode):
 
 @pytest.mark.parametrize(
     ("c_in", "k", "groups"),
-    [(3, 3, 1), (19, 3, 1), (7, 3, 1), (19, 1, 1), (6, 3, 6)],
-    ids=["direct", "channel_blocks", "flat_k", "gemm_1x1", "depthwise"],
+    [(3, 3, 1), (19, 3, 1), (5, 3, 1), (7, 3, 1), (19, 1, 1), (6, 3, 6)],
+    ids=["direct", "channel_blocks", "flat_k", "filter_rows", "gemm_1x1", "depthwise"],
 )
 def test_kernels_read_a_channel_slice_without_a_copy(c_in: int, k: int, groups: int) -> None:
     """A slot of a cat buffer as a conv's input: every kernel path reads it where it lies. The aten ops of

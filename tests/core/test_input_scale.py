@@ -28,11 +28,12 @@ from fuser.models.efficientnet import efficientnet_b0
 from fuser.onnx.exporter import export_onnx
 
 # (C_in, C_out, kernel, stride, padding, groups): the 1x1 GEMM, the implicit GEMM over channel blocks and
-# over flat K, a strided one, the depthwise kernel
+# over flat K and over filter rows (strided), a grouped one, the depthwise kernel
 CONVS = {
     "gemm_1x1": (19, 13, 1, 1, 0, 1),
     "implicit_3x3": (21, 11, 3, 1, 1, 1),
-    "implicit_flat_k": (7, 9, 3, 2, 1, 1),
+    "implicit_flat_k": (5, 9, 3, 2, 1, 1),  # filter rows of 15 weights: flat K
+    "implicit_rows": (7, 9, 3, 2, 1, 1),  # rows of 21: one K step per filter row
     "grouped": (18, 12, 3, 1, 1, 3),
     "depthwise": (19, 19, 3, 1, 1, 19),
 }
