@@ -673,7 +673,6 @@ def prepare_implicit_gemm(
     m = n * oh * ow
     k_total = weight.k_total
     order = reduction_order(c_in_g, kw)
-    flat_k = order != ConvKernel.IMPLICIT_GEMM  # flat K or filter rows: K runs across taps
     rows = lambda t: t.as_strided((m, c_out), (t.stride(2), 1))
     out2 = rows(out_nhwc)
     elem = w_data.element_size()
@@ -774,7 +773,8 @@ def prepare_implicit_gemm(
         "descriptor": use_desc,
     }
     candidates = conv_candidates(m, c_in_g, c_out_g, k_total, elem, order, kh, kw)
-    interpret_config = INTERPRET_CONFIG if flat_k or c_in_g > 16 else INTERPRET_CONFIG_NARROW
+    across_taps = order != ConvKernel.IMPLICIT_GEMM  # flat K or filter rows: a K step spans taps
+    interpret_config = INTERPRET_CONFIG if across_taps or c_in_g > 16 else INTERPRET_CONFIG_NARROW
     x2 = None
     if virtual is not None:
         key.update(virtual_cat=[c_a, up], x2_strides=list(b.stride()))
