@@ -23,7 +23,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from fuser.kernels.conv_choice import ConvKernel, conv_kernel
+from fuser.kernels.conv_choice import is_depthwise
 from fuser.lower.fused_modules import FusedConv2d
 from fuser.report import GraphRewrite
 from fuser.rewrite.channel_mean import FusedChannelMean
@@ -50,9 +50,8 @@ class PooledDepthwise(nn.Module):
 
 
 def _is_depthwise(conv: FusedConv2d) -> bool:
-    c_out, c_in_g, kh, kw = conv.weight.shape
-    kernel = conv_kernel(c_in_g * conv.groups, c_out, conv.groups, (kh, kw), conv.stride, conv.padding)
-    return kernel == ConvKernel.DEPTHWISE
+    c_out, c_in_g = conv.weight.shape[:2]
+    return is_depthwise(c_in_g * conv.groups, c_out, conv.groups)
 
 
 def _read_pair(node: fx.Node, modules: dict[str, Any]) -> fx.Node | None:
