@@ -54,13 +54,17 @@ def leaks(name: str, batch: int, size: int | None = None, device: str = "cuda") 
         out = compiled(x)
         if device == "cuda":
             torch.cuda.synchronize()
-    outputs = {id(t) for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)}
+    leaves = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    outputs = {id(t) for t in leaves}
+    # A view's base is kept by the view itself (in C++, so gc names no holder): the storage is the output's.
+    output_storages = {t.untyped_storage().data_ptr() for t in leaves}
     gc.collect()
     found = [
         o
         for o in gc.get_objects()
         if isinstance(o, torch.Tensor) and o.device.type == device and not isinstance(o, FakeTensor)
         and id(o) not in before and id(o) not in outputs and id(o) not in own
+        and o.untyped_storage().data_ptr() not in output_storages
     ]  # fmt: skip
     return [f"{tuple(t.shape)} {t.dtype}: held by {_holders(t, 1, {id(found)})}" for t in found]
 

@@ -62,7 +62,7 @@ from .launch import (
 )
 from .packing import PackedConvWeight
 from .precision import dot_acc
-from .splitk import SplitReduce, split_k_candidates
+from .splitk import SplitWorkspace, split_k_candidates
 from .tiles import (
     decode_rows,
     finish_tile,
@@ -82,8 +82,9 @@ from .tiles import (
     do_not_specialize=["H", "W", "OH", "OW", "M", "stride_h", "stride_w", "pad_top", "pad_left", "dil_h", "dil_w"]
 )
 def _conv2d_act_kernel(
-    # pointers; w_ref and out_ref are tensor descriptors when USE_DESC; out_ref is the float32
-    # [SPLIT_K, M, C_out] workspace when SPLIT_K > 1; ps_ptr: the prologue's [N, C_in] factors (tiles.py)
+    # pointers; w_ref and out_ref are tensor descriptors when USE_DESC; ps_ptr: the prologue's [N, C_in]
+    # factors (tiles.py); ws_ptr and count_ptr, when SPLIT_K > 1: the float32 [SPLIT_K, M, C_out] workspace
+    # and the tiles' int32 arrival counters (tiles.finish_tile)
     x_ptr,
     w_ref,
     bias_ptr,
@@ -91,6 +92,8 @@ def _conv2d_act_kernel(
     out_ref,
     ps_ptr,
     x2_ptr,  # VIRTUAL_CAT: the second source b of the input cat([upsample_nearest(x, UP), b], 1) (tiles.py)
+    ws_ptr,
+    count_ptr,
     # sizes
     H,
     W,
@@ -241,9 +244,10 @@ def _conv2d_act_kernel(
             acc = dot_acc(a, w, acc, DOT_PRECISION, UPCAST)
 
     res_rows = row_offsets(n_idx, oh, ow, sr_n, sr_h, sr_w)
-    finish_tile(acc, out_ref, offs_m, channels, m_ok, n_ok, pid_m * BLOCK_M, pid_n * BLOCK_N, split, M,
-                C_OUT_G * tl.num_programs(1), stride_om, bias_ptr, res_ptr, res_rows, sr_c, alpha, scale,
-                HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, ROUND_TF32, USE_DESC, SPLIT_K)  # fmt: skip
+    tile_id = tl.program_id(0) + group * tl.num_programs(0)
+    finish_tile(acc, out_ref, ws_ptr, count_ptr, tile_id, offs_m, channels, m_ok, n_ok, pid_m * BLOCK_M,
+                pid_n * BLOCK_N, split, M, C_OUT_G * tl.num_programs(1), stride_om, bias_ptr, res_ptr, res_rows,
+                sr_c, alpha, scale, HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, ROUND_TF32, USE_DESC, SPLIT_K)  # fmt: skip
 
 
 def conv2d_supported(in_channels: int, out_channels: int, groups: int) -> bool:
@@ -723,11 +727,9 @@ def prepare_implicit_gemm(
         "USE_DESC": use_desc,
     }
     call = KernelCall(_conv2d_act_kernel, scalars, constexprs, interpret)
-    # the residual as the reduction reads it: (image, oh, ow, channel) strides
-    res_rows = (res_strides[0], res_strides[2], res_strides[3], res_strides[1])
     # The runner outlives this call (with_fallback keeps it): it must not hold the example tensors, which a
     # plan first made inside a compiled forward has from that forward's CUDA-graph pool.
-    out_row_stride, device, has_bias = out2.stride(0), x.device, bias32 is not None
+    device = x.device
 
     def runner(config: TileConfig) -> Callable[..., Any]:
         if order == ConvKernel.IMPLICIT_GEMM_ROW_RUNS:  # one K step per filter row, whatever the config
@@ -735,10 +737,9 @@ def prepare_implicit_gemm(
         options = call.options(config)
         grid = (cdiv(m, config.block_m) * cdiv(c_out_g, config.block_n), groups, config.split_k)
         w_block, out_block = [config.block_n, config.block_k], [config.block_m, config.block_n]
-        reduce = None
+        split = None
         if config.split_k > 1:
-            reduce = SplitReduce(config.split_k, m, c_out, (oh, ow), res_rows, out_row_stride, epilogue,
-                                 has_bias, device, interpret)  # fmt: skip
+            split = SplitWorkspace(config.split_k, m, c_out, grid[0] * groups, device)
 
         def run(
             x: torch.Tensor,
@@ -751,11 +752,11 @@ def prepare_implicit_gemm(
         ) -> Any:
             out2 = rows(out_nhwc)
             w_ref = make_descriptor(w, w_block) if use_desc else w
-            if reduce is not None:
-                launch = lambda ws: call.launch(grid, (x, w_ref, bias32, res4, ws, scale2, x2), options)
-                return reduce(launch, bias32, res4, out2)
             out_ref = make_descriptor(out2, out_block) if use_desc else out2
-            return call.launch(grid, (x, w_ref, bias32, res4, out_ref, scale2, x2), options)
+            if split is not None:
+                return split(lambda ws, counts: call.launch(grid, (x, w_ref, bias32, res4, out_ref, scale2, x2,
+                                                                   ws, counts), options))  # fmt: skip
+            return call.launch(grid, (x, w_ref, bias32, res4, out_ref, scale2, x2, None, None), options)
 
         return run
 

@@ -40,7 +40,7 @@ from .launch import (
 )
 from .packing import PackedGemmWeight
 from .precision import Precision, dot_acc
-from .splitk import SplitReduce, split_k_candidates
+from .splitk import SplitWorkspace, split_k_candidates
 from .tiles import (
     decode_rows,
     finish_tile,
@@ -56,14 +56,17 @@ from .tiles import (
 # M and M_INNER vary with the batch and sequence length: not specialized, one compile serves them all.
 @triton.jit(do_not_specialize=["M", "M_INNER"])
 def _gemm_act_kernel(
-    # pointers, or tensor descriptors when USE_DESC (a, w, c); c is the float32 workspace when SPLIT_K > 1;
-    # ps_ptr: the prologue's per-(b, k) factors (tiles.py), a [B, K] tensor
+    # pointers, or tensor descriptors when USE_DESC (a, w, c); ps_ptr: the prologue's per-(b, k) factors
+    # (tiles.py), a [B, K] tensor; ws_ptr and count_ptr, when SPLIT_K > 1: the float32 [SPLIT_K, M, N]
+    # workspace and the tiles' int32 arrival counters (tiles.finish_tile)
     a_ref,
     w_ref,
     bias_ptr,
     res_ptr,
     c_ref,
     ps_ptr,
+    ws_ptr,
+    count_ptr,
     # sizes
     M,
     N,
@@ -134,7 +137,8 @@ def _gemm_act_kernel(
             w_ptrs += BLOCK_K
 
     res_rows = row_offsets(b_idx, s_idx, o_idx, stride_rb, stride_rm, 0)
-    finish_tile(acc, c_ref, offs_m, offs_n, m_ok, n_ok, pid_m * BLOCK_M, pid_n * BLOCK_N, split, M, N, stride_cm,
+    finish_tile(acc, c_ref, ws_ptr, count_ptr, tl.program_id(0), offs_m, offs_n, m_ok, n_ok, pid_m * BLOCK_M,
+                pid_n * BLOCK_N, split, M, N, stride_cm,
                 bias_ptr, res_ptr, res_rows, stride_rn, alpha, scale, HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, ROUND_TF32,
                 USE_DESC, SPLIT_K)  # fmt: skip
 
@@ -231,18 +235,16 @@ def prepare_gemm(
     call = KernelCall(_gemm_act_kernel, scalars, constexprs, interpret)
     # The runner outlives this call (with_fallback keeps it): it must not hold the example tensors, which a
     # plan first made inside a compiled forward has from that forward's CUDA-graph pool.
-    out_row_stride, device, has_bias = out2.stride(0), out2.device, bias32 is not None
+    device = out2.device
 
     def runner(config: TileConfig) -> Callable[..., Any]:
         options = call.options(config)
         grid = (cdiv(m, config.block_m) * cdiv(n, config.block_n), config.split_k)
         a_block, w_block = [config.block_m, config.block_k], [config.block_n, config.block_k]
         c_block = [config.block_m, config.block_n]
-        reduce = None
+        split = None
         if config.split_k > 1:
-            res_rows = (res_strides[0], res_strides[1], 0, res_strides[2])
-            reduce = SplitReduce(config.split_k, m, n, (s, 1), res_rows, out_row_stride, epilogue,
-                                 has_bias, device, interpret)  # fmt: skip
+            split = SplitWorkspace(config.split_k, m, n, grid[0], device)
 
         def run(
             a3: torch.Tensor, w: torch.Tensor, bias32: Any, res3: Any, out2: torch.Tensor, scale2: Any = None
@@ -252,12 +254,11 @@ def prepare_gemm(
                 w_ref = make_descriptor(w, w_block)
             else:
                 a_ref, w_ref = a3, w
-            if reduce is not None:
-                return reduce(
-                    lambda ws: call.launch(grid, (a_ref, w_ref, bias32, res3, ws, scale2), options), bias32, res3, out2
-                )
             c_ref = make_descriptor(out2, c_block) if use_desc else out2
-            return call.launch(grid, (a_ref, w_ref, bias32, res3, c_ref, scale2), options)
+            if split is not None:
+                return split(lambda ws, counts: call.launch(grid, (a_ref, w_ref, bias32, res3, c_ref, scale2, ws,
+                                                                   counts), options))  # fmt: skip
+            return call.launch(grid, (a_ref, w_ref, bias32, res3, c_ref, scale2, None, None), options)
 
         return run
 

@@ -50,7 +50,7 @@ SM_PORT_BYTES_PER_US = 1.0e5  # one SM's share of L2 -> SM bandwidth
 L2_BYTES_PER_US = 9.0e6  # all SMs together
 HBM_BYTES_PER_US = 4.26e6  # the measured copy bandwidth
 LOAD_LATENCY_US = 0.6
-SPLIT_REDUCE_US = 3.0  # the extra launch / atomics of a split reduction
+SPLIT_TAIL_US = 1.0  # a split tile's arrival count (an L2 round trip) before its last program reduces
 MMA_V2_FACTOR = 0.5  # below 64 rows per tile Triton cannot use wgmma on Hopper
 # The implicit GEMM's k-steps (gathered activations, index math) against a plain GEMM's: the batch-32 conv
 # rows of layers-2026-12-01.json ran 1.65-2.17x (geomean 1.9x) the time this model gives a GEMM of their size.
@@ -112,8 +112,9 @@ def _matmul_us(problem: Problem, c: TileConfig, sm_count: int, step_factor: floa
 
     total = _busiest_sm_us(_cdiv(tiles, sm_count), occupancy, round_us)
     if split > 1:
-        partial_bytes = 2 * split * problem.m * problem.n * problem.groups * 4
-        total += partial_bytes / HBM_BYTES_PER_US + SPLIT_REDUCE_US
+        # Every program stores its partial tile; each tile's last program reads all of them back (tiles.py).
+        partial_bytes = split * problem.m * problem.n * problem.groups * 4
+        total += partial_bytes / HBM_BYTES_PER_US + split * epilogue_bytes / port + SPLIT_TAIL_US
     return total
 
 

@@ -174,9 +174,25 @@ def store_tile(out_ptr, offs_m, stride_om, channels, m_ok, n_ok, y):
 
 
 @triton.jit
+def sum_splits(ws_ptr, offs_m, M, ws_row_stride, channels, m_ok, n_ok, SPLIT_K: tl.constexpr):
+    """The ``SPLIT_K`` partial tiles of a split tile, rows ``split * M + m`` of the float32 workspace,
+    added in split order 0, 1, ..., SPLIT_K-1: the same bits whichever program adds them. The loads go
+    to L2 (``.cg``): the partials were written by other SMs, whose stores an L1 line would not show."""
+    mask = m_ok[:, None] & n_ok[None, :]
+    ptrs = ws_ptr + offs_m[:, None].to(tl.int64) * ws_row_stride + channels[None, :]
+    acc = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(ptrs + s * M.to(tl.int64) * ws_row_stride, mask=mask, other=0.0, cache_modifier=".cg")
+    return acc
+
+
+@triton.jit
 def finish_tile(
     acc,
     out_ref,
+    ws_ptr,
+    count_ptr,
+    tile_id,
     offs_m,
     channels,
     m_ok,
@@ -201,13 +217,29 @@ def finish_tile(
     USE_DESC: tl.constexpr,
     SPLIT_K: tl.constexpr,
 ):
-    """How a GEMM-style program ends. Split: its partial sum goes, unfused, to rows ``split * M + m`` of
-    the float32 workspace ``out_ref`` (``ws_row_stride`` apart), which splitk.py reduces (and rounds, under
-    ``ROUND_TF32``: a partial sum never is). Whole: the epilogue, then the store, through the tensor
-    descriptor ``out_ref`` at ``(tile_row, tile_col)`` when ``USE_DESC``, else masked through pointers."""
+    """How a GEMM-style program ends. Whole (``SPLIT_K == 1``): the epilogue, then the store, through the
+    tensor descriptor ``out_ref`` at ``(tile_row, tile_col)`` when ``USE_DESC``, else masked through
+    pointers. Split: the program stores its partial sum to rows ``split * M + m`` of the float32 workspace
+    ``ws_ptr`` (``ws_row_stride`` apart) and counts its arrival on the tile's counter ``count_ptr[tile_id]``;
+    the tile's last program to arrive adds the partials in split order (:func:`sum_splits`), sets the
+    counter back to 0 for the next launch and runs the epilogue. One launch, no reduction kernel, and no
+    spinning: no program waits for another.
+
+    The barrier before the count makes every thread's partial stores precede the release of the
+    acquire-release add; the one after it orders the last program's loads after its acquire (the
+    pattern of CUTLASS's serial split-K semaphore)."""
     if SPLIT_K > 1:
-        store_tile(out_ref, split * M + offs_m, ws_row_stride, channels, m_ok, n_ok, acc)
+        store_tile(ws_ptr, split * M + offs_m, ws_row_stride, channels, m_ok, n_ok, acc)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(count_ptr + tile_id, 1, sem="acq_rel", scope="gpu")
+        tl.debug_barrier()
+        last = arrived == SPLIT_K - 1
+        if last:
+            acc = sum_splits(ws_ptr, offs_m, M, ws_row_stride, channels, m_ok, n_ok, SPLIT_K)
+            tl.atomic_xchg(count_ptr + tile_id, 0, sem="relaxed", scope="gpu")
     else:
+        last = True
+    if last:
         y = epilogue_tile(acc, channels, n_ok, m_ok, bias_ptr, res_ptr, res_rows, sr_c, alpha, scale,
                           HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, ROUND_TF32)  # fmt: skip
         if USE_DESC:

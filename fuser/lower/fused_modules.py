@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from fuser.activations import Activation
+from fuser.kernels import splitk
 from fuser.kernels.epilogue import Epilogue
 from fuser.kernels.launch import FLOAT32_BIASES
 from fuser.kernels.precision import Precision
@@ -148,6 +149,8 @@ class _FusedBase(nn.Module):
         bias = self._buffers["bias"]
         if packed is not None and bias is not None and bias.is_cuda and bias.dtype != torch.float32:
             FLOAT32_BIASES(bias)  # the kernels' float32 bias, made here rather than inside a compiled forward
+        if packed is not None:
+            splitk.SPLIT_COUNTERS.prewarm(weight.device)  # the split-K counters, likewise
         self._packed_from = (weight.data_ptr(), weight._version)
         self._op_args = self._make_op_args()
         self._calls = {}

@@ -303,3 +303,25 @@ def test_plans_of_one_bias_share_its_float32_copy() -> None:
     conv2d_act(torch.randn(2, 5, 11, 13, generator=gen).half(), weight, bias, padding=1, interpret=True)
     kept = FLOAT32_BIASES._copies[id(bias)][2]
     assert len(kept) == 1 and kept[0] is first
+
+
+def test_fused_modules_make_the_split_counters_before_any_forward(monkeypatch) -> None:
+    """The split-K arrival counters come from a chunk the fused module made when it was built: a split
+    plan first built inside a compiled forward then allocates nothing in that forward's CUDA-graph pool."""
+    import torch
+    from torch import nn
+
+    import fuser
+    from fuser.kernels import Precision, conv2d_act, pack_conv_weight, splitk
+
+    monkeypatch.setattr(splitk, "SPLIT_COUNTERS", splitk.CounterArena())
+    gen = torch.Generator().manual_seed(12)
+    model = nn.Sequential(nn.Conv2d(5, 9, 3, padding=1), nn.BatchNorm2d(9), nn.SiLU()).eval()
+    fuser.optimize(model, (torch.randn(1, 5, 7, 9, generator=gen),), backend="interpret")
+    assert torch.device("cpu") in splitk.SPLIT_COUNTERS._chunks, "the module made no counters"
+    chunk = splitk.SPLIT_COUNTERS._chunks[torch.device("cpu")][0]
+    weight = pack_conv_weight(torch.randn(9, 5, 3, 3, generator=gen), Precision("ieee"))
+    split = TileConfig(32, 16, 16, 2, 4, 1, split_k=3)
+    conv2d_act(torch.randn(1, 5, 7, 9, generator=gen), weight, padding=1, tile=split, interpret=True)
+    after, used = splitk.SPLIT_COUNTERS._chunks[torch.device("cpu")]
+    assert after is chunk and used > 0, "the split plan allocated its own counters"

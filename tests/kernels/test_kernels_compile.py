@@ -5,6 +5,7 @@ one split variant) and checks that the dot reaches the tensor cores."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from fuser.kernels import channel_mean, conv, depthwise, gemm, splitk
+from fuser.kernels import channel_mean, conv, depthwise, gemm
 
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 pytestmark = pytest.mark.skipif(not PTXAS.exists(), reason=f"triton's bundled ptxas is not at {PTXAS}")
@@ -40,6 +41,20 @@ def compile_sm90(kernel: Any, pointers: dict[str, str], constexprs: dict[str, An
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 3})
 
 
+SPLIT_POINTERS = {"ws_ptr": "*fp32", "count_ptr": "*i32"}
+
+
+def assert_split_reduction(ptx: str, split_k: int) -> None:
+    """A split kernel counts arrivals with an acquire-release add at GPU scope (what orders the partial
+    sums' stores before the last program's loads) and reads the partials from L2; a whole one has none."""
+    if split_k > 1:
+        count = re.search(r"\batom\.[\w.]*\.add\b", ptx)
+        assert count and ".acq_rel" in count[0] and ".gpu" in count[0], f"no acq_rel arrival count: {count}"
+        assert "ld.global.cg" in ptx, "the partial sums are not read from L2"
+    else:
+        assert "atom." not in ptx
+
+
 def tile(block_m: int, block_n: int, block_k: int, split_k: int) -> dict[str, Any]:
     return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8, "SPLIT_K": split_k}
 
@@ -54,13 +69,15 @@ def test_gemm_descriptor_path_compiles(split_k: int, prologue: dict[str, int]) -
         "w_ref": "tensordesc<fp32[64, 32]>",
         "bias_ptr": "*fp32",
         "res_ptr": "*fp32",
-        "c_ref": "tensordesc<fp32[64, 64]>" if split_k == 1 else "*fp32",  # split: the float32 workspace
+        "c_ref": "tensordesc<fp32[64, 64]>",
         "ps_ptr": "*fp32",
+        **SPLIT_POINTERS,
     }
     constexprs = {**EPILOGUE, **prologue, "DOT_PRECISION": "tf32", "UPCAST": False, "USE_DESC": True,
                   **tile(64, 64, 32, split_k)}  # fmt: skip
     compiled = compile_sm90(gemm._gemm_act_kernel, pointers, constexprs)
     assert "wgmma" in compiled.asm["ptx"] or "mma.sync" in compiled.asm["ptx"]
+    assert_split_reduction(compiled.asm["ptx"], split_k)
 
 
 @pytest.mark.parametrize(
@@ -73,29 +90,27 @@ def test_gemm_descriptor_path_compiles(split_k: int, prologue: dict[str, int]) -
 )  # fmt: skip
 def test_conv_pointer_path_compiles(k_order: int, split_k: int, prologue: dict[str, int], virtual: bool) -> None:
     pointers = {"x_ptr": "*bf16", "w_ref": "*bf16", "bias_ptr": "*fp32", "res_ptr": "*bf16", "ps_ptr": "*bf16"}
-    pointers["out_ref"] = "*fp32" if split_k > 1 else "*bf16"
-    pointers["x2_ptr"] = "*bf16"
+    pointers.update(out_ref="*bf16", x2_ptr="*bf16", **SPLIT_POINTERS)
     constexprs = {"KH": 3, "KW": 3, "K_ORDER": k_order, **EPILOGUE, **prologue, "VIRTUAL_CAT": virtual, "UP": 2,
                   "DOT_PRECISION": "tf32", "UPCAST": False, "USE_DESC": False, **tile(64, 64, 32, split_k)}  # fmt: skip
     compiled = compile_sm90(conv._conv2d_act_kernel, pointers, constexprs)
     assert "wgmma" in compiled.asm["ptx"] or "mma.sync" in compiled.asm["ptx"]
+    assert_split_reduction(compiled.asm["ptx"], split_k)
 
 
-def test_conv_filter_rows_through_descriptors_compile() -> None:
+@pytest.mark.parametrize("split_k", [1, 3], ids=["whole", "split"])
+def test_conv_filter_rows_through_descriptors_compile(split_k: int) -> None:
     """The filter-row order reads the weights through a tensor descriptor at each row's first column (not
-    16-element aligned) and the A operand from registers: it compiles to a tensor-core dot."""
+    16-element aligned) and the A operand from registers: it compiles to a tensor-core dot. Split, the last
+    program's store goes through the output descriptor inside the branch the arrival count takes."""
     pointers = {"x_ptr": "*fp16", "w_ref": "tensordesc<fp16[64, 32]>", "bias_ptr": "*fp32", "res_ptr": "*fp16",
-                "out_ref": "tensordesc<fp16[64, 64]>", "ps_ptr": "*fp16", "x2_ptr": "*fp16"}  # fmt: skip
+                "out_ref": "tensordesc<fp16[64, 64]>", "ps_ptr": "*fp16", "x2_ptr": "*fp16",
+                **SPLIT_POINTERS}  # fmt: skip
     constexprs = {"KH": 7, "KW": 7, "K_ORDER": 2, **EPILOGUE, **NO_PROLOGUE, "VIRTUAL_CAT": False, "UP": 1,
-                  "DOT_PRECISION": "tf32", "UPCAST": False, "USE_DESC": True, **tile(64, 64, 32, 1)}  # fmt: skip
+                  "DOT_PRECISION": "tf32", "UPCAST": False, "USE_DESC": True, **tile(64, 64, 32, split_k)}  # fmt: skip
     compiled = compile_sm90(conv._conv2d_act_kernel, pointers, constexprs)
     assert "wgmma" in compiled.asm["ptx"] or "mma.sync" in compiled.asm["ptx"]
-
-
-def test_split_k_reduction_compiles() -> None:
-    pointers = {"ws_ptr": "*fp32", "bias_ptr": "*fp32", "res_ptr": "*fp16", "out_ptr": "*fp16"}
-    constexprs = {"SPLIT_K": 16, **EPILOGUE, "BLOCK_M": 32, "BLOCK_N": 64}
-    assert compile_sm90(splitk._split_k_reduce_kernel, pointers, constexprs).asm["ptx"]
+    assert_split_reduction(compiled.asm["ptx"], split_k)
 
 
 @pytest.mark.parametrize(

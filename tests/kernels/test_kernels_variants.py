@@ -18,7 +18,6 @@ from fuser.kernels.conv_choice import ConvKernel, conv_kernel
 from fuser.kernels.gemm import gemm_candidates
 from fuser.kernels.splitk import split_k_candidates, split_k_for, wave_fill
 
-REDUCE = "_split_k_reduce_kernel"
 SILU_ADD = Epilogue(Activation.SILU, residual=Residual.AFTER_ACT)
 
 
@@ -64,8 +63,8 @@ SPLIT_CASES = [
 def test_conv_split_k(monkeypatch: pytest.MonkeyPatch, case: ConvCase, split_k: int) -> None:
     seen = record_launches(monkeypatch)
     out, ref = conv_call(case, SILU_ADD, tile=TileConfig(32, 32, 16, 2, 4, 1, split_k=split_k))
-    assert [name for name, _ in seen] == ["_conv2d_act_kernel", REDUCE]
-    assert seen[0][1]["SPLIT_K"] == split_k and seen[1][1]["SPLIT_K"] == split_k
+    assert [name for name, _ in seen] == ["_conv2d_act_kernel"]  # the last split of each tile reduces
+    assert seen[0][1]["SPLIT_K"] == split_k
     assert_close(out, ref, "ieee", f"{case} split_k={split_k}")
 
 
@@ -88,7 +87,7 @@ def test_gemm_split_k(monkeypatch: pytest.MonkeyPatch, split_k: int, path: str) 
     a = torch.randn(3, 7, 200) if path == "pointer" else torch.randn(21, 200)  # 200 fp32 = 16-byte rows
     epilogue = Epilogue(Activation.TANH, residual=Residual.BEFORE_ACT, scale=0.5)
     out, ref = gemm_call(a, 40, epilogue, tile=TileConfig(16, 32, 32, 1, 4, 1, split_k=split_k), path=path)
-    assert [name for name, _ in seen] == ["_gemm_act_kernel", REDUCE]
+    assert [name for name, _ in seen] == ["_gemm_act_kernel"]
     assert_close(out, ref, "ieee", f"gemm split_k={split_k} {path}")
 
 
@@ -228,7 +227,7 @@ def test_report_names_the_launched_kernel(monkeypatch: pytest.MonkeyPatch, route
         out = opt(x)
     (entry,) = [e for e in opt.fusion_report.entries if e.fused]
     assert entry.kernel == expected.value
-    launched = {name for name, _ in seen if name != REDUCE}
+    launched = {name for name, _ in seen}
     assert launched == {expected.triton_function}, f"report says {entry.kernel}, launched {launched}"
     from accuracy import reference64
 
@@ -245,16 +244,35 @@ def test_conv_kernel_rules() -> None:
     assert not ConvKernel.DIRECT.tensor_cores and ConvKernel.GEMM_1X1.tensor_cores
 
 
-@pytest.mark.parametrize(("m", "n"), [(49, 512), (49, 2048), (6400, 256), (1, 24), (196, 1024)])
-def test_split_reduce_tile_fills_the_card_on_small_outputs(m: int, n: int) -> None:
-    """Two programs per SM where the output allows it, the smallest tile where it does not, and the
-    default tile on outputs that fill the card with it."""
-    from fuser.kernels.splitk import REDUCE_PROGRAMS, REDUCE_TILE, reduce_tile
+def test_split_counters_are_back_at_zero_after_each_launch() -> None:
+    """The last program of each tile sets its arrival counter back to zero: a second launch of the same
+    plan (a CUDA graph's replay) counts from zero again and reduces, with the same bits."""
+    from fuser.kernels.splitk import SPLIT_COUNTERS
 
-    programs = lambda t: -(-m // t.block_m) * -(-n // t.block_n)
-    tile = reduce_tile(m, n)
-    if programs(REDUCE_TILE) >= REDUCE_PROGRAMS:
-        assert tile == REDUCE_TILE
-    else:
-        assert programs(tile) >= REDUCE_PROGRAMS or (tile.block_m, tile.block_n) == (8, 32)
-        assert tile.block_m * tile.block_n >= 256 or tile.num_warps == 1
+    case = ConvCase("c19_b2", 2, 19, 13, (7, 9), 3, padding=(1, 1, 1, 1))
+    tile = TileConfig(32, 16, 16, 2, 4, 1, split_k=3)
+    outs = []
+    for _ in range(2):
+        torch.manual_seed(5)
+        out, ref = conv_call(case, SILU_ADD, tile=tile)
+        outs.append(out)
+        chunk, used = SPLIT_COUNTERS._chunks[torch.device("cpu")]
+        assert used > 0 and not chunk.any(), "a counter was left non-zero"
+    assert_close(outs[0], ref, "ieee", "split-K, first launch")
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_counter_arena_hands_out_disjoint_zeroed_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fuser.kernels import splitk
+
+    monkeypatch.setattr(splitk, "COUNTER_CHUNK", 10)
+    arena = splitk.CounterArena()
+    cpu = torch.device("cpu")
+    arena.prewarm(cpu)
+    first, second = arena.take(cpu, 6), arena.take(cpu, 3)
+    assert first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()  # one chunk
+    first.fill_(1)
+    assert not second.any() and second.data_ptr() == first.data_ptr() + 6 * 4
+    third = arena.take(cpu, 4)  # 6 + 3 + 4 > 10: a new chunk
+    assert third.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() and not third.any()
+    assert arena.take(cpu, 25).numel() == 25  # larger than a chunk
