@@ -62,7 +62,7 @@ from .launch import (
 )
 from .packing import PackedConvWeight
 from .precision import dot_acc
-from .splitk import SplitWorkspace, split_k_candidates
+from .splitk import SplitK, reduces_in_tail, split_k_candidates
 from .tiles import (
     decode_rows,
     finish_tile,
@@ -121,6 +121,7 @@ def _conv2d_act_kernel(
     sr_h,
     sr_w,
     stride_om,
+    stride_wsm,  # the workspace's rows: C_out (an argument, so that Triton sees it divisible by 16)
     sps_n,
     sps_c,
     C_A,
@@ -147,6 +148,7 @@ def _conv2d_act_kernel(
     UPCAST: tl.constexpr,
     USE_DESC: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    SPLIT_TAIL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -246,8 +248,8 @@ def _conv2d_act_kernel(
     res_rows = row_offsets(n_idx, oh, ow, sr_n, sr_h, sr_w)
     tile_id = tl.program_id(0) + group * tl.num_programs(0)
     finish_tile(acc, out_ref, ws_ptr, count_ptr, tile_id, offs_m, channels, m_ok, n_ok, pid_m * BLOCK_M,
-                pid_n * BLOCK_N, split, M, C_OUT_G * tl.num_programs(1), stride_om, bias_ptr, res_ptr, res_rows,
-                sr_c, alpha, scale, HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, ROUND_TF32, USE_DESC, SPLIT_K)  # fmt: skip
+                pid_n * BLOCK_N, split, M, stride_wsm, stride_om, bias_ptr, res_ptr, res_rows, sr_c, alpha,
+                scale, HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, ROUND_TF32, USE_DESC, SPLIT_K, SPLIT_TAIL)  # fmt: skip
 
 
 def conv2d_supported(in_channels: int, out_channels: int, groups: int) -> bool:
@@ -705,6 +707,7 @@ def prepare_implicit_gemm(
         w_data.stride(0),
         *res_strides,
         out2.stride(0),
+        c_out,
         *(scale2.stride() if scale2 is not None else (0, 0)),
         c_a,
         *((b.stride(0), b.stride(2), b.stride(3), b.stride(1)) if virtual is not None else (0, 0, 0, 0)),
@@ -727,19 +730,22 @@ def prepare_implicit_gemm(
         "USE_DESC": use_desc,
     }
     call = KernelCall(_conv2d_act_kernel, scalars, constexprs, interpret)
+    # the residual as the reduction kernel reads it: (image, oh, ow, channel) strides
+    res_rows = (res_strides[0], res_strides[2], res_strides[3], res_strides[1])
     # The runner outlives this call (with_fallback keeps it): it must not hold the example tensors, which a
     # plan first made inside a compiled forward has from that forward's CUDA-graph pool.
-    device = x.device
+    out_row_stride, device, has_bias = out2.stride(0), x.device, bias32 is not None
 
     def runner(config: TileConfig) -> Callable[..., Any]:
         if order == ConvKernel.IMPLICIT_GEMM_ROW_RUNS:  # one K step per filter row, whatever the config
             config = dataclasses.replace(config, block_k=row_block(c_in_g, kw))
-        options = call.options(config)
+        options = call.options(config, SPLIT_TAIL=reduces_in_tail(config))
         grid = (cdiv(m, config.block_m) * cdiv(c_out_g, config.block_n), groups, config.split_k)
         w_block, out_block = [config.block_n, config.block_k], [config.block_m, config.block_n]
         split = None
         if config.split_k > 1:
-            split = SplitWorkspace(config.split_k, m, c_out, grid[0] * groups, device)
+            split = SplitK(config, m, c_out, grid[0] * groups, (oh, ow), res_rows, out_row_stride, epilogue,
+                           has_bias, device, interpret)  # fmt: skip
 
         def run(
             x: torch.Tensor,
@@ -754,8 +760,9 @@ def prepare_implicit_gemm(
             w_ref = make_descriptor(w, w_block) if use_desc else w
             out_ref = make_descriptor(out2, out_block) if use_desc else out2
             if split is not None:
-                return split(lambda ws, counts: call.launch(grid, (x, w_ref, bias32, res4, out_ref, scale2, x2,
-                                                                   ws, counts), options))  # fmt: skip
+                main = lambda ws, counts: call.launch(grid, (x, w_ref, bias32, res4, out_ref, scale2, x2, ws, counts),
+                                                      options)  # fmt: skip
+                return split(main, bias32, res4, out2)
             return call.launch(grid, (x, w_ref, bias32, res4, out_ref, scale2, x2, None, None), options)
 
         return run

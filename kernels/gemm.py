@@ -40,7 +40,7 @@ from .launch import (
 )
 from .packing import PackedGemmWeight
 from .precision import Precision, dot_acc
-from .splitk import SplitWorkspace, split_k_candidates
+from .splitk import SplitK, reduces_in_tail, split_k_candidates
 from .tiles import (
     decode_rows,
     finish_tile,
@@ -97,6 +97,7 @@ def _gemm_act_kernel(
     UPCAST: tl.constexpr,
     USE_DESC: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    SPLIT_TAIL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -140,7 +141,7 @@ def _gemm_act_kernel(
     finish_tile(acc, c_ref, ws_ptr, count_ptr, tl.program_id(0), offs_m, offs_n, m_ok, n_ok, pid_m * BLOCK_M,
                 pid_n * BLOCK_N, split, M, N, stride_cm,
                 bias_ptr, res_ptr, res_rows, stride_rn, alpha, scale, HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, ROUND_TF32,
-                USE_DESC, SPLIT_K)  # fmt: skip
+                USE_DESC, SPLIT_K, SPLIT_TAIL)  # fmt: skip
 
 
 INTERPRET_CONFIG = TileConfig(32, 32, 32, group_m=2, num_warps=4, num_stages=1)
@@ -235,16 +236,18 @@ def prepare_gemm(
     call = KernelCall(_gemm_act_kernel, scalars, constexprs, interpret)
     # The runner outlives this call (with_fallback keeps it): it must not hold the example tensors, which a
     # plan first made inside a compiled forward has from that forward's CUDA-graph pool.
-    device = out2.device
+    out_row_stride, device, has_bias = out2.stride(0), out2.device, bias32 is not None
 
     def runner(config: TileConfig) -> Callable[..., Any]:
-        options = call.options(config)
+        options = call.options(config, SPLIT_TAIL=reduces_in_tail(config))
         grid = (cdiv(m, config.block_m) * cdiv(n, config.block_n), config.split_k)
         a_block, w_block = [config.block_m, config.block_k], [config.block_n, config.block_k]
         c_block = [config.block_m, config.block_n]
         split = None
         if config.split_k > 1:
-            split = SplitWorkspace(config.split_k, m, n, grid[0], device)
+            res_rows = (res_strides[0], res_strides[1], 0, res_strides[2])
+            split = SplitK(config, m, n, grid[0], (s, 1), res_rows, out_row_stride, epilogue, has_bias, device,
+                           interpret)  # fmt: skip
 
         def run(
             a3: torch.Tensor, w: torch.Tensor, bias32: Any, res3: Any, out2: torch.Tensor, scale2: Any = None
@@ -256,8 +259,9 @@ def prepare_gemm(
                 a_ref, w_ref = a3, w
             c_ref = make_descriptor(out2, c_block) if use_desc else out2
             if split is not None:
-                return split(lambda ws, counts: call.launch(grid, (a_ref, w_ref, bias32, res3, c_ref, scale2, ws,
-                                                                   counts), options))  # fmt: skip
+                main = lambda ws, counts: call.launch(grid, (a_ref, w_ref, bias32, res3, c_ref, scale2, ws, counts),
+                                                      options)  # fmt: skip
+                return split(main, bias32, res3, out2)
             return call.launch(grid, (a_ref, w_ref, bias32, res3, c_ref, scale2, None, None), options)
 
         return run

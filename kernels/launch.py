@@ -364,8 +364,9 @@ class KernelCall:
     ) -> None:
         self.kernel, self.scalars, self.constexprs, self.interpret = kernel, tuple(scalars), constexprs, interpret
 
-    def options(self, config: TileConfig) -> LaunchOptions:
-        return launch_options(self.kernel, self.constexprs, config)
+    def options(self, config: TileConfig, **constexprs: Any) -> LaunchOptions:
+        """The launch options of ``config``, with ``constexprs`` that depend on it (split-K's reduction)."""
+        return launch_options(self.kernel, {**self.constexprs, **constexprs}, config)
 
     def launch(self, grid: tuple[int, ...], pointers: Sequence[Any], options: LaunchOptions) -> Any:
         """Launch with ``pointers`` (tensors or descriptors) followed by the signature's scalars."""

@@ -4,11 +4,15 @@ A batch-1 layer or a late layer (ResNet's 512->512 3x3 at 7x7: 49 output rows) g
 output tiles, so most of the 132 SMs of an H200 idle while each tile walks a K of several thousand. With
 ``split_k = S`` the GEMM-style kernels launch ``S`` programs per output tile, each reducing one
 contiguous range of whole K steps (``tiles.split_range``) into its own slice of a float32 workspace
-``[S, M, N]``. Each program then counts its arrival on the tile's counter, and the last to arrive adds
-the ``S`` partials in split order 0, 1, ..., S-1 and runs the fused epilogue (``tiles.finish_tile``).
-One launch per layer: under CUDA graphs a second, reduction kernel cost about 1.8 us per split layer (25
-of them, 0.044 ms of YOLOv8n's batch-1 forward). The sum of a given shape and config is the same bits on
-every run, whichever program adds it.
+``[S, M, N]``. The partials are then added in split order 0, 1, ..., S-1 and the fused epilogue runs, in
+one of two places (:func:`reduces_in_tail`):
+
+- the tile's last program to arrive, behind a per-tile arrival counter (``tiles.finish_tile``): no second
+  launch (under CUDA graphs about 1.8 us each, 25 of them in YOLOv8n's batch-1 forward), but one SM reads
+  all ``S`` partial tiles, so only where they are few bytes;
+- a second, tiny kernel here (:func:`_split_k_reduce_kernel`), spread over the whole card.
+
+Either way no float atomics: the sum of a given shape and config is the same bits on every run.
 
 The counters are int32 zeros that the last program sets back to zero, so they are made once: per plan
 and stream (two streams running one plan at once must not count on the same tile), cut from a per-device
@@ -26,18 +30,94 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+import triton
+import triton.language as tl
 
 from .autotune import TileConfig
-from .launch import cdiv
+from .epilogue import Epilogue
+from .launch import KernelCall, cdiv
+from .tiles import decode_rows, epilogue_tile, row_offsets, store_tile
 
 SM_COUNT = 132  # H200; a smaller card gets the same candidates, measured there
 MIN_STEPS_PER_SPLIT = 4  # below this a split is all prologue and epilogue
 MAX_SPLIT_K = 16
 PREFER_UNSPLIT_FILL = 0.5  # an unsplit default that keeps this share of the SMs busy beats a split one
 # A split default only for reductions this long: a short one finishes in a few microseconds unsplit, about
-# what the split's pass over the partials costs (split candidates are measured anyway).
+# what the split's second launch or tail and its pass over the partials cost (split candidates are measured anyway).
 MIN_STEPS_FOR_DEFAULT_SPLIT = 32
+# The last program reduces where it reads at most this many bytes of partials (S tiles of float32): one SM
+# reads them at about 100 GB/s, so 64 KiB is about 0.6 us; a second kernel costs a launch (about 1.8 us).
+TAIL_MAX_BYTES = 64 * 1024
 COUNTER_CHUNK = 1 << 16  # counters per arena chunk (256 KiB): a split layer takes under one wave's tiles
+
+
+REDUCE_TILE = TileConfig(32, 64, 1, 1, 4, 1)
+REDUCE_PROGRAMS = 2 * SM_COUNT  # the reduction is latency-bound: aim for about two programs per SM
+
+
+def reduce_tile(m: int, n: int) -> TileConfig:
+    """The reduction's tile: :data:`REDUCE_TILE`, halved (rows to 8, then channels to 32) while the grid
+    has fewer than :data:`REDUCE_PROGRAMS` programs. Each program adds ``SPLIT_K`` partials per element;
+    with 32x64 tiles a 49x512 layer (ResNet-50's 7x7 stage at batch 1) gave 16 programs on 132 SMs."""
+    block_m, block_n = REDUCE_TILE.block_m, REDUCE_TILE.block_n
+    while cdiv(m, block_m) * cdiv(n, block_n) < REDUCE_PROGRAMS and (block_m > 8 or block_n > 32):
+        if block_m > 8:
+            block_m //= 2
+        else:
+            block_n //= 2
+    return TileConfig(block_m, block_n, 1, 1, max(1, min(4, block_m * block_n // 256)), 1)
+
+
+@triton.jit(do_not_specialize=["M", "OH", "OW"])
+def _split_k_reduce_kernel(
+    # pointers: ws is the float32 [SPLIT_K, M, N] workspace
+    ws_ptr,
+    bias_ptr,
+    res_ptr,
+    out_ptr,
+    # sizes; rows decode as (image, oh, ow) for the residual (a GEMM passes OH = S, OW = 1)
+    M,
+    N,
+    OH,
+    OW,
+    # strides (elements): residual (image, oh, ow, channel), output rows
+    sr_n,
+    sr_h,
+    sr_w,
+    sr_c,
+    stride_om,
+    # epilogue scalars
+    alpha,
+    scale,
+    # constexprs
+    SPLIT_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    ROUND_TF32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    mask = m_ok[:, None] & n_ok[None, :]
+    ptrs = ws_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+    acc = tl.load(ptrs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):  # fixed order: the result does not depend on scheduling
+        acc += tl.load(ptrs + s * M.to(tl.int64) * N, mask=mask, other=0.0)
+    n_idx, oh, ow = decode_rows(offs_m, m_ok, OH, OW)
+    res_rows = row_offsets(n_idx, oh, ow, sr_n, sr_h, sr_w)
+    y = epilogue_tile(acc, offs_n, n_ok, m_ok, bias_ptr, res_ptr, res_rows, sr_c, alpha, scale,
+                      HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, ROUND_TF32)  # fmt: skip
+    store_tile(out_ptr, offs_m, stride_om, offs_n, m_ok, n_ok, y)
+
+
+def reduces_in_tail(config: TileConfig) -> bool:
+    """Whether the last program of each tile adds its partials (``SPLIT_TAIL``), else the reduction kernel."""
+    return config.split_k * config.block_m * config.block_n * 4 <= TAIL_MAX_BYTES
 
 
 def _device_key(device: torch.device) -> torch.device:
@@ -60,26 +140,63 @@ class CounterArena:
             self._chunks[device] = (torch.zeros(COUNTER_CHUNK, dtype=torch.int32, device=device), 0)
 
     def take(self, device: torch.device, count: int) -> torch.Tensor:
-        """``count`` zeroed counters on ``device`` that no other caller holds."""
+        """``count`` zeroed counters on ``device`` that no other caller holds, 16-byte aligned: Triton
+        specializes a pointer on that alignment, and a plan's launches on another stream (a CUDA graph's
+        capture) must take the kernel the collecting forward listed for compiling ahead."""
         device = _device_key(device)
         chunk, used = self._chunks.get(device, (None, 0))
         if chunk is None or used + count > chunk.numel():
             chunk, used = torch.zeros(max(COUNTER_CHUNK, count), dtype=torch.int32, device=device), 0
-        self._chunks[device] = (chunk, used + count)
+        self._chunks[device] = (chunk, used + -(-count // 4) * 4)
         return chunk[used : used + count]
 
 
 SPLIT_COUNTERS = CounterArena()
 
 
-class SplitWorkspace:
-    """What one split-K plan's launch needs besides the kernel's own arguments: ``workspace(main)`` runs
-    ``main(workspace, counters)`` with a fresh float32 ``[split_k, m, n]`` workspace and the plan's
-    ``tiles`` arrival counters for the current stream."""
+class SplitK:
+    """The host side of one split-K plan: ``split(main, bias32, res, out2)`` allocates the float32
+    ``[split_k, m, n]`` workspace (per call: a plan shared by two streams, or a CUDA graph and eager calls,
+    must not share partial sums; the caching allocator makes it a free-list pop) and runs
+    ``main(workspace, counters)``: the GEMM-style kernel. Where :func:`reduces_in_tail`, ``counters`` are
+    the plan's ``tiles`` arrival counters for the current stream and the kernel reduces; else None, and
+    the ordered reduction kernel runs next, with the epilogue, into ``out2`` (``[M, N]`` rows, any row
+    stride). ``rows`` is ``(OH, OW)`` of the output-row decode and ``res_strides`` the residual's strides as
+    ``(image, oh, ow, channel)``, both as :func:`tiles.decode_rows` reads them.
+    """
 
-    def __init__(self, split_k: int, m: int, n: int, tiles: int, device: torch.device) -> None:
-        self.shape, self.tiles, self.device = (split_k, m, n), tiles, device
+    def __init__(
+        self,
+        config: TileConfig,
+        m: int,
+        n: int,
+        tiles: int,
+        rows: tuple[int, int],
+        res_strides: Sequence[int],
+        out_row_stride: int,
+        epilogue: Epilogue,
+        has_bias: bool,
+        device: torch.device,
+        interpret: bool,
+    ) -> None:
+        self.shape, self.tiles, self.device = (config.split_k, m, n), tiles, device
+        self.tail = reduces_in_tail(config)
         self._counters: dict[int, torch.Tensor] = {}
+        if self.tail:
+            return
+        scalars = (m, n, *rows, *res_strides, out_row_stride, float(epilogue.alpha), float(epilogue.scale))
+        constexprs = {
+            "SPLIT_K": config.split_k,
+            "HAS_BIAS": has_bias,
+            "ACT": int(epilogue.act),
+            "RESIDUAL": int(epilogue.residual),
+            "HAS_SCALE": epilogue.scale != 1.0,
+            "ROUND_TF32": epilogue.round_tf32,
+        }
+        self.call = KernelCall(_split_k_reduce_kernel, scalars, constexprs, interpret)
+        tile = reduce_tile(m, n)
+        self.options = self.call.options(tile)
+        self.grid = (cdiv(m, tile.block_m), cdiv(n, tile.block_n))
 
     def counters(self) -> torch.Tensor:
         """This stream's counters (taken from :data:`SPLIT_COUNTERS` on the stream's first launch)."""
@@ -89,11 +206,12 @@ class SplitWorkspace:
             counters = self._counters[stream] = SPLIT_COUNTERS.take(self.device, self.tiles)
         return counters
 
-    def __call__(self, main: Callable[[torch.Tensor, torch.Tensor], Any]) -> Any:
-        # The workspace per call, not per plan: a plan shared by two streams (or a CUDA graph and eager
-        # calls) must not share partial sums. The caching allocator makes this a free-list pop.
+    def __call__(self, main: Callable[[torch.Tensor, Any], Any], bias32: Any, res: Any, out2: torch.Tensor) -> Any:
         workspace = torch.empty(self.shape, dtype=torch.float32, device=self.device)
-        return main(workspace, self.counters())
+        if self.tail:
+            return main(workspace, self.counters())
+        main(workspace, None)
+        return self.call.launch(self.grid, (workspace, bias32, res, out2), self.options)
 
 
 def split_k_for(tiles: int, k_steps: int, sm_count: int = SM_COUNT) -> int:

@@ -50,6 +50,7 @@ SM_PORT_BYTES_PER_US = 1.0e5  # one SM's share of L2 -> SM bandwidth
 L2_BYTES_PER_US = 9.0e6  # all SMs together
 HBM_BYTES_PER_US = 4.26e6  # the measured copy bandwidth
 LOAD_LATENCY_US = 0.6
+SPLIT_REDUCE_US = 3.0  # the second launch of a split reduction kernel
 SPLIT_TAIL_US = 1.0  # a split tile's arrival count (an L2 round trip) before its last program reduces
 MMA_V2_FACTOR = 0.5  # below 64 rows per tile Triton cannot use wgmma on Hopper
 # The implicit GEMM's k-steps (gathered activations, index math) against a plain GEMM's: the batch-32 conv
@@ -112,9 +113,15 @@ def _matmul_us(problem: Problem, c: TileConfig, sm_count: int, step_factor: floa
 
     total = _busiest_sm_us(_cdiv(tiles, sm_count), occupancy, round_us)
     if split > 1:
-        # Every program stores its partial tile; each tile's last program reads all of them back (tiles.py).
+        from .splitk import reduces_in_tail  # splitk's launcher imports this module through autotune
+
+        # Every program stores its partial tile; then each tile's last program reads all of them back through
+        # one SM's port, or a second kernel spread over the card does (splitk.py).
         partial_bytes = split * problem.m * problem.n * problem.groups * 4
-        total += partial_bytes / HBM_BYTES_PER_US + split * epilogue_bytes / port + SPLIT_TAIL_US
+        if reduces_in_tail(c):
+            total += partial_bytes / HBM_BYTES_PER_US + split * epilogue_bytes / port + SPLIT_TAIL_US
+        else:
+            total += 2 * partial_bytes / HBM_BYTES_PER_US + SPLIT_REDUCE_US
     return total
 
 

@@ -216,27 +216,31 @@ def finish_tile(
     ROUND_TF32: tl.constexpr,
     USE_DESC: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    SPLIT_TAIL: tl.constexpr,
 ):
     """How a GEMM-style program ends. Whole (``SPLIT_K == 1``): the epilogue, then the store, through the
     tensor descriptor ``out_ref`` at ``(tile_row, tile_col)`` when ``USE_DESC``, else masked through
     pointers. Split: the program stores its partial sum to rows ``split * M + m`` of the float32 workspace
-    ``ws_ptr`` (``ws_row_stride`` apart) and counts its arrival on the tile's counter ``count_ptr[tile_id]``;
-    the tile's last program to arrive adds the partials in split order (:func:`sum_splits`), sets the
-    counter back to 0 for the next launch and runs the epilogue. One launch, no reduction kernel, and no
-    spinning: no program waits for another.
+    ``ws_ptr`` (``ws_row_stride`` apart). Then, with ``SPLIT_TAIL``, it counts its arrival on the tile's
+    counter ``count_ptr[tile_id]``, and the tile's last program to arrive adds the partials in split order
+    (:func:`sum_splits`), sets the counter back to 0 for the next launch and runs the epilogue: no second
+    kernel, and no spinning (no program waits for another). Without it splitk.py's reduction kernel does.
 
     The barrier before the count makes every thread's partial stores precede the release of the
     acquire-release add; the one after it orders the last program's loads after its acquire (the
     pattern of CUTLASS's serial split-K semaphore)."""
     if SPLIT_K > 1:
         store_tile(ws_ptr, split * M + offs_m, ws_row_stride, channels, m_ok, n_ok, acc)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(count_ptr + tile_id, 1, sem="acq_rel", scope="gpu")
-        tl.debug_barrier()
-        last = arrived == SPLIT_K - 1
-        if last:
-            acc = sum_splits(ws_ptr, offs_m, M, ws_row_stride, channels, m_ok, n_ok, SPLIT_K)
-            tl.atomic_xchg(count_ptr + tile_id, 0, sem="relaxed", scope="gpu")
+        if SPLIT_TAIL:
+            tl.debug_barrier()
+            arrived = tl.atomic_add(count_ptr + tile_id, 1, sem="acq_rel", scope="gpu")
+            tl.debug_barrier()
+            last = arrived == SPLIT_K - 1
+            if last:
+                acc = sum_splits(ws_ptr, offs_m, M, ws_row_stride, channels, m_ok, n_ok, SPLIT_K)
+                tl.atomic_xchg(count_ptr + tile_id, 0, sem="relaxed", scope="gpu")
+        else:
+            last = False
     else:
         last = True
     if last:

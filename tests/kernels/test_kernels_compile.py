@@ -14,7 +14,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from fuser.kernels import channel_mean, conv, depthwise, gemm
+from fuser.kernels import channel_mean, conv, depthwise, gemm, splitk
 
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 pytestmark = pytest.mark.skipif(not PTXAS.exists(), reason=f"triton's bundled ptxas is not at {PTXAS}")
@@ -44,10 +44,11 @@ def compile_sm90(kernel: Any, pointers: dict[str, str], constexprs: dict[str, An
 SPLIT_POINTERS = {"ws_ptr": "*fp32", "count_ptr": "*i32"}
 
 
-def assert_split_reduction(ptx: str, split_k: int) -> None:
-    """A split kernel counts arrivals with an acquire-release add at GPU scope (what orders the partial
-    sums' stores before the last program's loads) and reads the partials from L2; a whole one has none."""
-    if split_k > 1:
+def assert_split_reduction(ptx: str, split_k: int, tail: bool = True) -> None:
+    """A split kernel whose last program reduces counts arrivals with an acquire-release add at GPU scope
+    (what orders the partial sums' stores before the last program's loads) and reads the partials from L2;
+    a whole one, or one that leaves the sum to the reduction kernel, has no atomics."""
+    if split_k > 1 and tail:
         count = re.search(r"\batom\.[\w.]*\.add\b", ptx)
         assert count and ".acq_rel" in count[0] and ".gpu" in count[0], f"no acq_rel arrival count: {count}"
         assert "ld.global.cg" in ptx, "the partial sums are not read from L2"
@@ -55,8 +56,10 @@ def assert_split_reduction(ptx: str, split_k: int) -> None:
         assert "atom." not in ptx
 
 
-def tile(block_m: int, block_n: int, block_k: int, split_k: int) -> dict[str, Any]:
-    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8, "SPLIT_K": split_k}
+def tile(block_m: int, block_n: int, block_k: int, split_k: int, tail: bool = True) -> dict[str, Any]:
+    """A tile's constexprs; ``tail``: a split's last program reduces (else splitk.py's reduction kernel)."""
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8, "SPLIT_K": split_k,
+            "SPLIT_TAIL": tail}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -84,18 +87,19 @@ def test_gemm_descriptor_path_compiles(split_k: int, prologue: dict[str, int]) -
     ("k_order", "split_k", "prologue", "virtual"),
     [(0, 4, NO_PROLOGUE, False), (1, 1, NO_PROLOGUE, False), (0, 1, CHANNEL_SCALE, True),
      (1, 2, CHANNEL_SCALE, False), (0, 1, AFFINE_RELU, False), (1, 2, AFFINE_SILU, False),
-     (2, 1, NO_PROLOGUE, False), (2, 2, AFFINE_RELU, False)],
+     (2, 1, NO_PROLOGUE, False), (2, 2, AFFINE_RELU, False), (0, 16, NO_PROLOGUE, False)],
     ids=["channel-blocks-split", "flat-k", "virtual-cat-scaled", "flat-k-scaled-split", "affine-relu",
-         "flat-k-affine-silu-split", "filter-rows", "filter-rows-affine-split"],
+         "flat-k-affine-silu-split", "filter-rows", "filter-rows-affine-split", "split-16-reduction-kernel"],
 )  # fmt: skip
 def test_conv_pointer_path_compiles(k_order: int, split_k: int, prologue: dict[str, int], virtual: bool) -> None:
     pointers = {"x_ptr": "*bf16", "w_ref": "*bf16", "bias_ptr": "*fp32", "res_ptr": "*bf16", "ps_ptr": "*bf16"}
     pointers.update(out_ref="*bf16", x2_ptr="*bf16", **SPLIT_POINTERS)
     constexprs = {"KH": 3, "KW": 3, "K_ORDER": k_order, **EPILOGUE, **prologue, "VIRTUAL_CAT": virtual, "UP": 2,
-                  "DOT_PRECISION": "tf32", "UPCAST": False, "USE_DESC": False, **tile(64, 64, 32, split_k)}  # fmt: skip
+                  "DOT_PRECISION": "tf32", "UPCAST": False, "USE_DESC": False,
+                  **tile(64, 64, 32, split_k, tail=split_k < 16)}  # fmt: skip
     compiled = compile_sm90(conv._conv2d_act_kernel, pointers, constexprs)
     assert "wgmma" in compiled.asm["ptx"] or "mma.sync" in compiled.asm["ptx"]
-    assert_split_reduction(compiled.asm["ptx"], split_k)
+    assert_split_reduction(compiled.asm["ptx"], split_k, tail=split_k < 16)
 
 
 @pytest.mark.parametrize("split_k", [1, 3], ids=["whole", "split"])
@@ -111,6 +115,12 @@ def test_conv_filter_rows_through_descriptors_compile(split_k: int) -> None:
     compiled = compile_sm90(conv._conv2d_act_kernel, pointers, constexprs)
     assert "wgmma" in compiled.asm["ptx"] or "mma.sync" in compiled.asm["ptx"]
     assert_split_reduction(compiled.asm["ptx"], split_k)
+
+
+def test_split_k_reduction_kernel_compiles() -> None:
+    pointers = {"ws_ptr": "*fp32", "bias_ptr": "*fp32", "res_ptr": "*fp16", "out_ptr": "*fp16"}
+    constexprs = {"SPLIT_K": 16, **EPILOGUE, "BLOCK_M": 32, "BLOCK_N": 64}
+    assert compile_sm90(splitk._split_k_reduce_kernel, pointers, constexprs).asm["ptx"]
 
 
 @pytest.mark.parametrize(

@@ -58,36 +58,62 @@ SPLIT_CASES = [
 ]
 
 
+REDUCE = "_split_k_reduce_kernel"
+
+
+def reduce_in(monkeypatch: pytest.MonkeyPatch, where: str) -> list[str]:
+    """Where the split partials are added: "tail" (each tile's last program) or "kernel" (the reduction
+    kernel, forced by allowing the tail no bytes). Returns the kernels a split launch runs besides the
+    split kernel. The plans made so far are forgotten: they hold the choice."""
+    from fuser.kernels import autotune, splitk
+
+    autotune._clear_plans()
+    if where == "kernel":
+        monkeypatch.setattr(splitk, "TAIL_MAX_BYTES", 0)
+        return [REDUCE]
+    return []
+
+
+@pytest.mark.parametrize("where", ["tail", "kernel"])
 @pytest.mark.parametrize("split_k", [2, 3, 5])
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=str)
-def test_conv_split_k(monkeypatch: pytest.MonkeyPatch, case: ConvCase, split_k: int) -> None:
+def test_conv_split_k(monkeypatch: pytest.MonkeyPatch, case: ConvCase, split_k: int, where: str) -> None:
+    reduction = reduce_in(monkeypatch, where)
     seen = record_launches(monkeypatch)
     out, ref = conv_call(case, SILU_ADD, tile=TileConfig(32, 32, 16, 2, 4, 1, split_k=split_k))
-    assert [name for name, _ in seen] == ["_conv2d_act_kernel"]  # the last split of each tile reduces
-    assert seen[0][1]["SPLIT_K"] == split_k
+    assert [name for name, _ in seen] == ["_conv2d_act_kernel", *reduction]
+    assert seen[0][1]["SPLIT_K"] == split_k and seen[0][1]["SPLIT_TAIL"] == (where == "tail")
     assert_close(out, ref, "ieee", f"{case} split_k={split_k}")
 
 
-def test_conv_split_k_descriptor_path_and_fixed_order() -> None:
-    """Descriptor loads with a split store; two runs of one shape give the same bits (ordered sum)."""
+def test_conv_split_k_descriptor_path_and_fixed_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Descriptor loads with a split store; two runs of one shape give the same bits (ordered sum), and
+    the tile's last program adds the same bits as the reduction kernel (the same order)."""
     case = ConvCase("aligned_c32", 1, 32, 16, (5, 7), 3, padding=(1, 1, 1, 1))
     tile = TileConfig(32, 16, 16, 2, 4, 1, split_k=3)
+    epilogue = Epilogue(Activation.GELU, residual=Residual.BEFORE_ACT)
     torch.manual_seed(3)
-    first, ref = conv_call(case, Epilogue(Activation.GELU, residual=Residual.BEFORE_ACT), tile=tile, path="descriptor")
+    first, ref = conv_call(case, epilogue, tile=tile, path="descriptor")
     torch.manual_seed(3)
-    again, _ = conv_call(case, Epilogue(Activation.GELU, residual=Residual.BEFORE_ACT), tile=tile, path="descriptor")
+    again, _ = conv_call(case, epilogue, tile=tile, path="descriptor")
     assert_close(first, ref, "ieee", "descriptor split-K")
     assert torch.equal(first, again)
+    reduce_in(monkeypatch, "kernel")
+    torch.manual_seed(3)
+    by_kernel, _ = conv_call(case, epilogue, tile=tile, path="descriptor")
+    assert torch.equal(first, by_kernel)
 
 
+@pytest.mark.parametrize("where", ["tail", "kernel"])
 @pytest.mark.parametrize("path", ["pointer", "descriptor"])
 @pytest.mark.parametrize("split_k", [2, 3])
-def test_gemm_split_k(monkeypatch: pytest.MonkeyPatch, split_k: int, path: str) -> None:
+def test_gemm_split_k(monkeypatch: pytest.MonkeyPatch, split_k: int, path: str, where: str) -> None:
+    reduction = reduce_in(monkeypatch, where)
     seen = record_launches(monkeypatch)
     a = torch.randn(3, 7, 200) if path == "pointer" else torch.randn(21, 200)  # 200 fp32 = 16-byte rows
     epilogue = Epilogue(Activation.TANH, residual=Residual.BEFORE_ACT, scale=0.5)
     out, ref = gemm_call(a, 40, epilogue, tile=TileConfig(16, 32, 32, 1, 4, 1, split_k=split_k), path=path)
-    assert [name for name, _ in seen] == ["_gemm_act_kernel"]
+    assert [name for name, _ in seen] == ["_gemm_act_kernel", *reduction]
     assert_close(out, ref, "ieee", f"gemm split_k={split_k} {path}")
 
 
@@ -227,7 +253,7 @@ def test_report_names_the_launched_kernel(monkeypatch: pytest.MonkeyPatch, route
         out = opt(x)
     (entry,) = [e for e in opt.fusion_report.entries if e.fused]
     assert entry.kernel == expected.value
-    launched = {name for name, _ in seen}
+    launched = {name for name, _ in seen if name != REDUCE}
     assert launched == {expected.triton_function}, f"report says {entry.kernel}, launched {launched}"
     from accuracy import reference64
 
@@ -265,14 +291,38 @@ def test_split_counters_are_back_at_zero_after_each_launch() -> None:
 def test_counter_arena_hands_out_disjoint_zeroed_slices(monkeypatch: pytest.MonkeyPatch) -> None:
     from fuser.kernels import splitk
 
-    monkeypatch.setattr(splitk, "COUNTER_CHUNK", 10)
+    monkeypatch.setattr(splitk, "COUNTER_CHUNK", 12)
     arena = splitk.CounterArena()
     cpu = torch.device("cpu")
     arena.prewarm(cpu)
     first, second = arena.take(cpu, 6), arena.take(cpu, 3)
     assert first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()  # one chunk
     first.fill_(1)
-    assert not second.any() and second.data_ptr() == first.data_ptr() + 6 * 4
-    third = arena.take(cpu, 4)  # 6 + 3 + 4 > 10: a new chunk
+    assert not second.any() and second.data_ptr() == first.data_ptr() + 8 * 4  # 16-byte aligned
+    third = arena.take(cpu, 2)  # 8 + 4 + 2 > 12: a new chunk
     assert third.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() and not third.any()
     assert arena.take(cpu, 25).numel() == 25  # larger than a chunk
+
+
+@pytest.mark.parametrize(("m", "n"), [(49, 512), (49, 2048), (6400, 256), (1, 24), (196, 1024)])
+def test_split_reduce_tile_fills_the_card_on_small_outputs(m: int, n: int) -> None:
+    """Two programs per SM where the output allows it, the smallest tile where it does not, and the
+    default tile on outputs that fill the card with it."""
+    from fuser.kernels.splitk import REDUCE_PROGRAMS, REDUCE_TILE, reduce_tile
+
+    programs = lambda t: -(-m // t.block_m) * -(-n // t.block_n)
+    tile = reduce_tile(m, n)
+    if programs(REDUCE_TILE) >= REDUCE_PROGRAMS:
+        assert tile == REDUCE_TILE
+    else:
+        assert programs(tile) >= REDUCE_PROGRAMS or (tile.block_m, tile.block_n) == (8, 32)
+        assert tile.block_m * tile.block_n >= 256 or tile.num_warps == 1
+
+
+def test_the_tail_reduces_only_small_partials() -> None:
+    from fuser.kernels.splitk import TAIL_MAX_BYTES, reduces_in_tail
+
+    assert reduces_in_tail(TileConfig(64, 64, 32, 8, 4, 3, split_k=4))  # 64 KiB of partials
+    assert not reduces_in_tail(TileConfig(64, 64, 32, 8, 4, 3, split_k=8))
+    assert not reduces_in_tail(TileConfig(128, 128, 32, 8, 4, 3, split_k=2))
+    assert TAIL_MAX_BYTES == 64 * 1024
