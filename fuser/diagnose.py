@@ -75,5 +75,5 @@ def layer_errors(optimized: nn.Module, *inputs: Any) -> list[LayerError]:
     for name, (inputs, output) in seen.items():
         expected = run_in_float64(modules[name], inputs)
         m = modules[name]
-        errors.append(LayerError(name, m.source, m.epilogue.describe(), _rel_error(output, expected)))
+        errors.append(LayerError(name, m.source, m.epilogue.describe(m.bias is not None), _rel_error(output, expected)))
     return errors

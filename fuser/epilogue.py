@@ -59,9 +59,10 @@ class Epilogue:
         if not math.isfinite(self.alpha) or not math.isfinite(self.scale):
             raise ValueError(f"epilogue alpha and scale not finite: alpha={self.alpha}, scale={self.scale}")
 
-    def describe(self) -> str:
-        """A short human-readable form, e.g. ``'bias -> silu -> +residual'``."""
-        steps = ["bias"]
+    def describe(self, bias: bool = True) -> str:
+        """A short human-readable form, e.g. ``'bias -> silu -> +residual'``; ``bias=False`` for an op that
+        adds none (a bias-free conv with no BatchNorm folded into it). ``'none'`` where nothing is applied."""
+        steps = ["bias"] if bias else []
         act = self.act.name.lower() if self.act != Activation.NONE else None
         if act == "leaky_relu":
             act = f"leaky_relu({self.alpha:g})"
@@ -75,7 +76,7 @@ class Epilogue:
             steps.append(f"*{self.scale:g}")
         if self.round_tf32:
             steps.append("tf32 store")
-        return " -> ".join(steps)
+        return " -> ".join(steps) or "none"
 
 
 NO_EPILOGUE = Epilogue()  # bias only: the default of the launchers

@@ -30,6 +30,7 @@ class ChainReport:
     reason: str | None = None
     kernel: str | None = None
     notes: list[str] = field(default_factory=list)
+    has_bias: bool = True  # False: a bias-free conv or linear with no BatchNorm folded in
 
     @property
     def activation(self) -> str | None:
@@ -62,6 +63,7 @@ class ChainReport:
             reason=reason,
             kernel=kernel,
             notes=list(chain.notes),
+            has_bias=chain.has_bias,
         )
 
 
@@ -169,7 +171,7 @@ class FusionReport:
     def to_dict(self) -> dict[str, Any]:
         def entry(e: ChainReport) -> dict[str, Any]:
             d = asdict(e)
-            d["epilogue"] = e.epilogue.describe()
+            d["epilogue"] = e.epilogue.describe(e.has_bias)
             d["activation"], d["residual"], d["scale"] = e.activation, e.residual, e.scale
             return d
 
@@ -192,7 +194,7 @@ class FusionReport:
         ]
         if self.fused:
             rows = [
-                [str(i), e.pattern, " -> ".join(e.ops), e.location, e.epilogue.describe(), e.kernel or ""]
+                [str(i), e.pattern, " -> ".join(e.ops), e.location, e.epilogue.describe(e.has_bias), e.kernel or ""]
                 for i, e in enumerate(self.fused, 1)
             ]
             lines += ["", "Fused:", *_table(["#", "pattern", "ops", "modules", "epilogue", "kernel"], rows)]

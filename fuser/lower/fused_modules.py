@@ -425,7 +425,8 @@ class FusedConv2d(_FusedBase):
         return (
             f"{c_in * self.groups}, {c_out}, kernel_size=({kh}, {kw}), stride={self.stride}, "
             f"padding={self.padding}, dilation={self.dilation}, groups={self.groups}, "
-            f"epilogue='{self.epilogue.describe()}', precision={self.precision.value}, backend={self.backend}"
+            f"epilogue='{self.epilogue.describe(self.bias is not None)}', precision={self.precision.value}, "
+            f"backend={self.backend}"
             + (
                 ""
                 if self.input_affine is None
@@ -477,6 +478,6 @@ class FusedLinear(_FusedBase):
     def extra_repr(self) -> str:
         n, k = self.weight.shape
         return (
-            f"in_features={k}, out_features={n}, epilogue='{self.epilogue.describe()}', "
+            f"in_features={k}, out_features={n}, epilogue='{self.epilogue.describe(self.bias is not None)}', "
             f"precision={self.precision.value}, backend={self.backend}"
         )

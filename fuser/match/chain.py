@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch.fx as fx
+import torch.nn.functional as F
 
 from fuser.activations import Activation
 from fuser.epilogue import Epilogue
-from fuser.graph_ops import OpInfo
+from fuser.graph_ops import CONV_ARGS, CONV_DEFAULTS, LINEAR_ARGS, OpInfo, bind
 from fuser.match.patterns import ChainPattern
 
 
@@ -97,6 +98,16 @@ class Chain:
             residual=self.pattern.residual,
             scale=scale[1].scale if scale else 1.0,
         )
+
+    @property
+    def has_bias(self) -> bool:
+        """Whether the fused op adds a bias: a folded BatchNorm's shift always, else the conv's or linear's own."""
+        head = self.head
+        if self.step("batch_norm") is not None or head.op != "call_function":
+            return True  # a leaf module is left unfused: no epilogue to describe
+        if head.target is F.linear:
+            return bind(head, LINEAR_ARGS, {"bias": None})["bias"] is not None
+        return bind(head, CONV_ARGS, CONV_DEFAULTS)["bias"] is not None
 
     @property
     def ops(self) -> list[str]:

@@ -100,6 +100,11 @@ def test_conv_then_residual_add_is_one_fused_conv(name: str, bias: bool, backend
     (entry,) = fast.fusion_report.fused
     assert (entry.pattern, entry.ops, entry.residual) == ("conv", ["conv2d", "add"], True), str(fast.fusion_report)
     assert entry.activation is None and not fast.fusion_report.rejected
+    # The report and the module say what the epilogue applies: no bias where the conv has none.
+    expected = "bias -> +residual" if bias else "+residual"
+    assert fast.fusion_report.to_dict()["fused"][0]["epilogue"] == expected
+    (fused,) = [m for m in fast.modules() if isinstance(m, FusedConv2d)]
+    assert f"epilogue='{expected}'" in repr(fused)
     with torch.no_grad():
         assert_close(fast(x, r), reference64(model, x, r), "ieee", f"{name} {backend}")
 
@@ -122,6 +127,7 @@ def test_bias_free_lone_convs_feeding_a_cat_store_into_its_buffer(backend: str) 
     fast = fuser.optimize(model, (x,), precision="ieee", backend=backend)
     report = fast.fusion_report
     assert [(e.pattern, e.modules) for e in report.fused] == [("conv", ["a"]), ("conv", ["b"])], str(report)
+    assert [e["epilogue"] for e in report.to_dict()["fused"]] == ["none", "none"]  # bias-free, nothing after
     (cat,) = [r for r in report.rewrites if r.kind == "cat_buffer"]
     assert "0 part(s) copied in" in cat.detail and cat.eliminated == ["cat"], str(report)
     with torch.no_grad():
