@@ -158,7 +158,7 @@ def optimize(
     # turns it off), which start importing now, so that they are ready when the passes are done.
     ahead = precompile.Ahead(inputs is not None and _on_cuda(inputs) and backend in ("auto", "triton") and not tune)
     working = _working_copy(model, inplace)
-    root, report = _run_pipeline(working, inputs, policy, backend, rewrite=True)
+    root, report = _run_pipeline(working, inputs, policy, backend)
     optimized = OptimizedModule(root, report, policy, backend, cuda_graphs, tune)
     if inputs is not None and _on_cuda(inputs) and backend in ("auto", "triton", "measured"):
         with torch.no_grad(), autotune.tuning() if tune else contextlib.nullcontext():
@@ -182,12 +182,12 @@ def _check_tune(tune: Any) -> bool:
 def explain(
     model: ModelLike, example_inputs: Any = None, *, precision: str = "tf32", backend: str = "auto"
 ) -> FusionReport:
-    """What ``optimize`` would fuse and what not, and why, without building anything. ``model`` is not changed."""
+    """What ``optimize`` would fuse and what not, and why: the same passes on a copy of ``model`` (so the report
+    lists what the passes after the chains do too: concatenation buffers, virtual concatenations, channel
+    scales, pooled depthwise convs), with no kernel compiled or run. ``model`` is not changed."""
     policy = Precision.parse(precision)
     ops.check_backend(backend)
-    _, report = _run_pipeline(
-        _working_copy(model, inplace=False), _as_inputs(example_inputs), policy, backend, rewrite=False
-    )
+    _, report = _run_pipeline(_working_copy(model, inplace=False), _as_inputs(example_inputs), policy, backend)
     return report
 
 
@@ -258,7 +258,7 @@ def strict() -> bool:
 
 
 def _run_pipeline(
-    working: nn.Module, inputs: tuple[Any, ...] | None, policy: Precision, backend: str, *, rewrite: bool
+    working: nn.Module, inputs: tuple[Any, ...] | None, policy: Precision, backend: str
 ) -> tuple[nn.Module, FusionReport]:
     heads = find_detect_heads(working)  # before capture, which moves the heads' parameters into graphs
     captured = _capture(working)
@@ -279,19 +279,19 @@ def _run_pipeline(
             result = find_chains(graph.gm, graph.path)
             entries = [ChainReport.from_chain(c, True, kernel=_kernel_for(c, graph.gm)) for c in result.accepted]
             entries += [ChainReport.from_chain(r.chain, False, reason=r.reason) for r in result.rejected]
-            rewritten = rewrite and (rewrite_chains(graph.gm, result.accepted, policy, backend) or rewrites)
+            rewritten = rewrite_chains(graph.gm, result.accepted, policy, backend) or bool(rewrites)
             if rewritten:
                 # TF32 rounding first: it must see the multiplies and concatenations the passes below fold
                 # into the convs' operand loads (a folded product is truncated, not stored rounded).
                 mark_tf32_rounded_outputs(graph.gm)
                 compensate_truncated_inputs(graph.gm)
                 rewrites += fuse_virtual_cats(graph.gm) + eliminate_cats(graph.gm) + fold_input_scales(graph.gm)
-            if rewrite:  # also where no chain was fused: a BatchNorm before a lone conv fuses that conv
-                folds = fold_batch_norms_forward(graph.gm, policy, backend)
-                # last: the passes before it rewrite fused convs, which this one moves into pooled modules
-                changed = folds + fuse_depthwise_pools(graph.gm)
-                rewrites, rewritten = rewrites + changed, rewritten or any(r.eliminated for r in changed)
-                entries = settle_batch_norms(entries, rewrites)
+            # also where no chain was fused: a BatchNorm before a lone conv fuses that conv
+            folds = fold_batch_norms_forward(graph.gm, policy, backend)
+            # last: the passes before it rewrite fused convs, which this one moves into pooled modules
+            changed = folds + fuse_depthwise_pools(graph.gm)
+            rewrites, rewritten = rewrites + changed, rewritten or any(r.eliminated for r in changed)
+            entries = settle_batch_norms(entries, rewrites)
         except Exception as error:  # never fail the user's model over one graph: leave it as it was
             if strict():
                 raise
@@ -306,8 +306,7 @@ def _run_pipeline(
             root = install(captured, graph, graph.gm)
     report.rewrites += heads.rewrites()
     report.skipped += heads.skipped()
-    if rewrite:
-        install_detect_heads(heads, root, backend)
+    install_detect_heads(heads, root, backend)
     return root, report
 
 

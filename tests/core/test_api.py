@@ -83,6 +83,28 @@ def test_untraceable_model_is_fused_through_its_traceable_parts():
         assert_close(opt(x), reference64(model, x), "ieee")
 
 
+class SqueezeCat(nn.Module):
+    """Two conv blocks into a cat (its buffer replaces the cat), then one more: the report's rewrites."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = ConvBnAct(nn.SiLU(), 5, 7), ConvBnAct(nn.SiLU(), 5, 9), ConvBnAct(nn.ReLU(), 16, 11)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(torch.cat([self.a(x), self.b(x)], 1))
+
+
+def test_explain_reports_what_optimize_does_after_the_chains_too():
+    """explain() runs optimize()'s passes on a copy: the cat buffer is in its report, the model is unchanged."""
+    model = seeded(SqueezeCat())
+    x = torch.randn(2, 5, 13, 11)
+    explained = fuser.explain(model, (x,), backend="torch")
+    optimized = fuser.optimize(model, (x,), backend="torch").fusion_report
+    assert "cat_buffer" in [r.kind for r in explained.rewrites], str(explained)
+    assert explained.to_dict() == optimized.to_dict()
+    assert not any(isinstance(m, FusedConv2d) for m in model.modules())
+
+
 def test_explain_reports_without_rewriting():
     model = seeded(ConvBnActAdd(5))
     report = fuser.explain(model)
