@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import FLOAT_DTYPES, LaunchOptions, cdiv, launch
+from .launch import FLOAT_DTYPES, LaunchOptions, PlanCache, cdiv, launch, tensor_meta
 
 MAX_SLICES = 4
 
@@ -151,8 +151,8 @@ def max_pool_pyramid_plan(
     if x.device.type != want:
         raise ValueError(f"max_pool_pyramid: interpret={interpret} runs on {want} tensors, x is on {x.device}")
     n, c, h, w = x.shape
-    channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    memory_format = pyramid_memory_format(x)
+    channels_last = memory_format == torch.channels_last
     m = n * h * w
     block_m, block_c, warps = _tile(m, c, channels_last)
     grid = (cdiv(m, block_m), cdiv(c, block_c))
@@ -178,11 +178,24 @@ def max_pool_pyramid_plan(
     return run
 
 
-def _nchw_strides(t: torch.Tensor) -> tuple[int, int, int, int]:
-    s = t.stride()
-    return (s[0], s[1], s[2], s[3])
+_pyramid_plans = PlanCache()
 
 
 def max_pool_pyramid(x: torch.Tensor, radii: Sequence[int], *, interpret: bool = False) -> torch.Tensor:
-    """One call of :func:`max_pool_pyramid_plan` (checks, allocates, launches)."""
-    return max_pool_pyramid_plan(x, radii, interpret=interpret)(x)
+    """:func:`max_pool_pyramid_plan`'s result for ``x`` (checks, allocates, launches), through a plan kept per
+    input signature: what the ``fuser::max_pool_pyramid`` custom op runs (it has no module to keep plans in)."""
+    radii = tuple(int(r) for r in radii)
+    return _pyramid_plans.get(
+        lambda: (tensor_meta(x), radii, interpret), lambda: max_pool_pyramid_plan(x, radii, interpret=interpret)
+    )(x)
+
+
+def pyramid_memory_format(x: torch.Tensor) -> torch.memory_format:
+    """The memory format of the pyramid of ``x``: channels_last where ``x`` is (and not also contiguous)."""
+    channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
+def _nchw_strides(t: torch.Tensor) -> tuple[int, int, int, int]:
+    s = t.stride()
+    return (s[0], s[1], s[2], s[3])

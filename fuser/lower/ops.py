@@ -1,4 +1,5 @@
-"""The fused ops as ``torch.library`` custom ops: ``fuser::conv2d_act`` and ``fuser::gemm_act``.
+"""The fused ops as ``torch.library`` custom ops: ``fuser::conv2d_act``, ``fuser::gemm_act`` and
+``fuser::max_pool_pyramid``.
 
 A fused module (fuser.lower.fused_modules) calls one of these wherever its op must be visible as one opaque op:
 under torch.compile, torch.export and torch.jit.trace, and for inputs that need gradients. Each op has
@@ -167,6 +168,29 @@ def _gemm_act_fake(a, weight, *rest):
 
 
 # ---------------------------------------------------------------------------------------------------------
+# fuser::max_pool_pyramid
+
+
+@torch.library.custom_op("fuser::max_pool_pyramid", mutates_args=())
+def max_pool_pyramid(x: torch.Tensor, radii: Sequence[int]) -> torch.Tensor:
+    """``cat([max_pool2d(x, 2r+1, 1, r) for r in radii], 1)`` in one Triton launch (fuser.kernels.pool),
+    on CUDA, or on the CPU in Triton's interpreter. What FusedPoolPyramid runs under torch.compile: Inductor
+    would otherwise lower the pools itself, as one kernel per pool (YOLOv8n's SPPF at batch 32: 0.38 ms
+    against 0.08 for this one)."""
+    from fuser.kernels.pool import max_pool_pyramid as run
+
+    return run(x, radii, interpret=x.device.type == "cpu")
+
+
+@max_pool_pyramid.register_fake
+def _max_pool_pyramid_fake(x, radii):
+    from fuser.kernels.pool import pyramid_memory_format
+
+    n, c, h, w = x.shape
+    return x.new_empty((n, len(radii) * c, h, w)).contiguous(memory_format=pyramid_memory_format(x))
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Autograd: the fused ops are for inference
 
 
@@ -207,3 +231,4 @@ def _register_inference_only(op: Any, name: str) -> None:
 
 _register_inference_only(conv2d_act, "fuser::conv2d_act")
 _register_inference_only(gemm_act, "fuser::gemm_act")
+_register_inference_only(max_pool_pyramid, "fuser::max_pool_pyramid")

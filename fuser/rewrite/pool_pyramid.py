@@ -6,8 +6,9 @@ the same ``x``, and the whole concatenation is what ``fuser.kernels.pool.max_poo
 launch: SPPF's three pooling kernels and the copy into the concatenation become one kernel.
 
 :func:`fuse_pool_pyramids` is the graph pass; :class:`FusedPoolPyramid` is the module a match becomes. Its
-reference (CPU, torch.compile, tracers and exporters) is plain ``max_pool2d`` + ``cat``: Inductor fuses those
-itself, and an exported ONNX graph stays standard (MaxPool, Concat).
+reference (the torch backend, tracers and exporters) is plain ``max_pool2d`` + ``cat``, so an exported ONNX graph
+stays standard (MaxPool, Concat); under torch.compile the kernel runs as the opaque custom op
+``fuser::max_pool_pyramid`` (fuser.lower.ops).
 """
 
 from __future__ import annotations
@@ -56,9 +57,12 @@ class FusedPoolPyramid(KeepsPlans, nn.Module):
         return torch.cat([pooled[r] for r in self.radii], self.dim)
 
     def _kernel_applies(self, x: torch.Tensor) -> bool:
-        if type(x) is not torch.Tensor or x.dim() != 4 or self.dim not in (1, -3):
+        """Whether the kernel takes ``x`` here; under torch.compile ``x`` is a fake tensor, and the kernel then
+        runs as the opaque custom op ``fuser::max_pool_pyramid``."""
+        compiling = torch.compiler.is_compiling()
+        if (type(x) is not torch.Tensor and not compiling) or x.dim() != 4 or self.dim not in (1, -3):
             return False
-        if torch.compiler.is_compiling() or torch.jit.is_tracing() or ops.is_decomposed():
+        if torch.jit.is_tracing() or ops.is_decomposed():
             return False
         if torch.is_grad_enabled() and x.requires_grad:
             return False
@@ -69,6 +73,8 @@ class FusedPoolPyramid(KeepsPlans, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._kernel_applies(x):
             return self.reference(x)
+        if torch.compiler.is_compiling():
+            return torch.ops.fuser.max_pool_pyramid(x, list(self.radii))
         from fuser.kernels.pool import max_pool_pyramid_plan
 
         build = lambda: max_pool_pyramid_plan(x, self.radii, interpret=x.device.type == "cpu")

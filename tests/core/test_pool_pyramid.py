@@ -236,3 +236,34 @@ def test_direct_launch_matches_jit_launch(monkeypatch: pytest.MonkeyPatch) -> No
     for out in [*direct, jit]:
         assert torch.equal(out, first)
     assert torch.equal(first, chained_pools(x))
+
+
+@pytest.mark.parametrize("channels_last", [True, False], ids=["nhwc", "nchw"])
+def test_the_custom_ops_fake_output_is_laid_out_as_the_kernels(channels_last: bool) -> None:
+    """Inductor plans the consumers of ``fuser::max_pool_pyramid`` by its fake output: shape and strides must
+    be what the kernel returns, or they read it wrongly."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x = torch.randn(2, 7, 9, 11)
+    x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    real = torch.ops.fuser.max_pool_pyramid(x, list(SPPF_RADII))
+    with FakeTensorMode() as mode:
+        fake = torch.ops.fuser.max_pool_pyramid(mode.from_tensor(x), list(SPPF_RADII))
+    assert (fake.shape, fake.stride(), fake.dtype) == (real.shape, real.stride(), real.dtype)
+    assert_close(real, windows(x.double(), SPPF_RADII), "ieee", "the custom op")
+
+
+def test_under_torch_compile_the_pyramid_is_one_opaque_op() -> None:
+    """torch.compile(fuser.optimize(SPPF)): one frame, no break, the pyramid one ``fuser::max_pool_pyramid`` node
+    (the kernel, not three pools Inductor would lower one by one), the same result as the eager module."""
+    from test_compile import compile_and_count
+
+    model = randomize_batchnorm(SPPF()).eval()
+    x = torch.randn(2, 11, 13, 9)
+    fast = fuser.optimize(model, (x,), backend="interpret", precision="ieee")
+    out, counter, breaks = compile_and_count(fast, x, calls=2)
+    assert counter.frame_count == 1 and not breaks, breaks
+    targets = [str(n.target) for g in counter.graphs for n in g.graph.nodes]
+    assert targets.count("fuser.max_pool_pyramid") == 1, targets
+    assert not [t for t in targets if "max_pool2d" in t], targets
+    assert_close(out, reference64(model, x), "ieee", "compiled SPPF")
