@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch.fx as fx
-import torch.nn.functional as F
 
 from fuser.activations import Activation
 from fuser.epilogue import Epilogue
-from fuser.graph_ops import CONV_ARGS, CONV_DEFAULTS, LINEAR_ARGS, OpInfo, bind
+from fuser.graph_ops import OpInfo, bind
 from fuser.match.patterns import ChainPattern
 
 
@@ -102,12 +101,10 @@ class Chain:
     @property
     def has_bias(self) -> bool:
         """Whether the fused op adds a bias: a folded BatchNorm's shift always, else the conv's or linear's own."""
-        head = self.head
-        if self.step("batch_norm") is not None or head.op != "call_function":
+        builds = self.pattern.builds
+        if self.step("batch_norm") is not None or builds is None or self.head.op != "call_function":
             return True  # a leaf module is left unfused: no epilogue to describe
-        if head.target is F.linear:
-            return bind(head, LINEAR_ARGS, {"bias": None})["bias"] is not None
-        return bind(head, CONV_ARGS, CONV_DEFAULTS)["bias"] is not None
+        return bind(self.head, builds.args, builds.defaults)["bias"] is not None
 
     @property
     def ops(self) -> list[str]:
