@@ -36,7 +36,7 @@ import triton.language as tl
 from .autotune import TileConfig
 from .epilogue import Epilogue
 from .launch import KernelCall, cdiv
-from .tiles import decode_rows, epilogue_tile, row_offsets, store_tile
+from .tiles import decode_rows, epilogue_tile, row_offsets, store_tile, sum_splits
 
 SM_COUNT = 132  # H200; a smaller card gets the same candidates, measured there
 MIN_STEPS_PER_SPLIT = 4  # below this a split is all prologue and epilogue
@@ -103,11 +103,7 @@ def _split_k_reduce_kernel(
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = offs_m < M
     n_ok = offs_n < N
-    mask = m_ok[:, None] & n_ok[None, :]
-    ptrs = ws_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
-    acc = tl.load(ptrs, mask=mask, other=0.0)
-    for s in tl.static_range(1, SPLIT_K):  # fixed order: the result does not depend on scheduling
-        acc += tl.load(ptrs + s * M.to(tl.int64) * N, mask=mask, other=0.0)
+    acc = sum_splits(ws_ptr, offs_m, M, N, offs_n, m_ok, n_ok, SPLIT_K)  # the tail's order, so the same bits
     n_idx, oh, ow = decode_rows(offs_m, m_ok, OH, OW)
     res_rows = row_offsets(n_idx, oh, ow, sr_n, sr_h, sr_w)
     y = epilogue_tile(acc, offs_n, n_ok, m_ok, bias_ptr, res_ptr, res_rows, sr_c, alpha, scale,

@@ -176,8 +176,9 @@ def store_tile(out_ptr, offs_m, stride_om, channels, m_ok, n_ok, y):
 @triton.jit
 def sum_splits(ws_ptr, offs_m, M, ws_row_stride, channels, m_ok, n_ok, SPLIT_K: tl.constexpr):
     """The ``SPLIT_K`` partial tiles of a split tile, rows ``split * M + m`` of the float32 workspace,
-    added in split order 0, 1, ..., SPLIT_K-1: the same bits whichever program adds them. The loads go
-    to L2 (``.cg``): the partials were written by other SMs, whose stores an L1 line would not show."""
+    added in split order 0, 1, ..., SPLIT_K-1: the same bits whichever program adds them (a tile's last
+    program, or splitk.py's reduction kernel). The loads go to L2 (``.cg``): the partials were written by
+    other SMs, whose stores an L1 line would not show."""
     mask = m_ok[:, None] & n_ok[None, :]
     ptrs = ws_ptr + offs_m[:, None].to(tl.int64) * ws_row_stride + channels[None, :]
     acc = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
