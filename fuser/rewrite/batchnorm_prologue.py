@@ -121,7 +121,8 @@ def _shape_readers(node: fx.Node) -> list[fx.Node]:
 
 
 def _only_user(node: fx.Node) -> fx.Node | str:
-    users = [u for u in node.users if u not in _shape_readers(node)]
+    shape_readers = _shape_readers(node)
+    users = [u for u in node.users if u not in shape_readers]
     if len(users) == 1:
         return users[0]
     names = ", ".join(f"`{u.name}`" for u in users) or "none: it is an output"
