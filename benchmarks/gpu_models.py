@@ -192,23 +192,28 @@ class Row:
             self.data["compile_s"][label] = elapsed
         return fn
 
-    def compiled(self, label: str, module) -> Any:
-        """torch.compile(module, mode="reduce-overhead"), freezing on; dynamo's counts of what it compiled."""
+    def compiled(self, module) -> Any:
+        """torch.compile(module, mode="reduce-overhead"), freezing on, dynamo's counters cleared: it compiles
+        at its first calls (:meth:`first_calls`), after which :meth:`count_compiles` reads them."""
         import torch._dynamo.utils
         import torch._inductor.config
 
         torch._inductor.config.freezing = True
-        counters = torch._dynamo.utils.counters
-        counters.clear()
+        torch._dynamo.utils.counters.clear()
         backend = self.settings["compile_backend"]
         kwargs = {"mode": "reduce-overhead"} if backend == "inductor" else {}
-        fn = self.first_calls(label, torch.compile(module, backend=backend, **kwargs))
+        return torch.compile(module, backend=backend, **kwargs)
+
+    def count_compiles(self, label: str) -> None:
+        """Dynamo's counts of what the first calls of ``label`` compiled."""
+        import torch._dynamo.utils
+
+        counters = torch._dynamo.utils.counters
         self.data.setdefault("dynamo", {})[label] = {
             "frames_compiled": counters["frames"]["ok"],
             "unique_graphs": counters["stats"]["unique_graphs"],
             "graph_breaks": sum(counters["graph_break"].values()),
         }
-        return fn
 
     def optimized(self, cuda_graphs: bool) -> Any:
         import fuser
@@ -239,18 +244,18 @@ class Row:
         steps = {
             "eager": lambda: self.model,
             "eager+cuda_graphs": lambda: GraphReplay(self.model),
-            "torch.compile reduce-overhead": lambda: self.compiled("torch.compile reduce-overhead", self.model),
+            "torch.compile reduce-overhead": lambda: self.compiled(self.model),
             # the first optimize() of the row is this one, with the caches empty: optimize_s_cold
             "fuser+cuda_graphs": lambda: self.optimized(cuda_graphs=True),
             "fuser": self.plain,
-            "fuser->torch.compile reduce-overhead": lambda: self.compiled(
-                "fuser->torch.compile reduce-overhead", self.plain()
-            ),
+            "fuser->torch.compile reduce-overhead": lambda: self.compiled(self.plain()),
         }
         for label in [v for v in steps if v in labels]:
             fn = self.guarded(label, lambda label=label: self.first_calls(label, steps[label]()))
             if fn is not None:
                 self.fns[label] = fn
+                if label in COMPILED:
+                    self.count_compiles(label)
             print(f"  built {label}", flush=True)
 
     def measure(self, reference: Any) -> None:

@@ -423,6 +423,7 @@ class _Worker:
     its stdin, pickled results out on its stdout; its stderr goes to a file, read back if it dies."""
 
     def __init__(self, env: dict[str, str]) -> None:
+        self.ready_at: float | None = None  # time.monotonic() when it had imported the kernels
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in close(), with the process)
         self.process = subprocess.Popen(
             [sys.executable, "-c", _WORKER_BOOT],
@@ -435,6 +436,8 @@ class _Worker:
     def compile(self, variant: Variant) -> Compiled:
         assert self.process.stdin is not None and self.process.stdout is not None
         try:
+            if self.ready_at is None:  # its first message says when it was ready
+                _, self.ready_at = pickle.load(self.process.stdout)
             pickle.dump(variant, self.process.stdin)
             self.process.stdin.flush()
             status, value = pickle.load(self.process.stdout)
@@ -467,6 +470,7 @@ class Workers:
 
     def __init__(self, count: int | None = None) -> None:
         self.count = default_workers() if count is None else count
+        self._born = time.monotonic()  # the timeline's zero (CompileReport.timeline)
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self._reset()
@@ -508,7 +512,7 @@ class Workers:
         """Queue ``variant``; the first call starts one feeding thread per worker, each handing its worker
         the next queued variant as soon as the last one is compiled."""
         if self._jobs is None:
-            self._jobs, self._start = queue.SimpleQueue(), time.perf_counter()
+            self._jobs, self._start = queue.SimpleQueue(), time.monotonic()
             for worker in self._workers:
                 self._threads.append(threading.Thread(target=self._drain, args=(worker, progress), daemon=True))
                 self._threads[-1].start()
@@ -518,17 +522,19 @@ class Workers:
             variant = replace(variant, launcher=False)
         self._launcher_keys.add(key)
         self._submitted += 1
-        self._jobs.put(variant)
+        self._jobs.put((variant, time.monotonic()))
 
     def _drain(self, worker: _Worker | None, progress: CompileProgress | None) -> None:
         assert self._jobs is not None
         while True:
             try:
-                variant = self._jobs.get() if worker is not None else self._jobs.get_nowait()
+                job = self._jobs.get() if worker is not None else self._jobs.get_nowait()
             except queue.Empty:
                 return
-            if variant is None:  # finish(): no more variants
+            if job is None:  # finish(): no more variants
                 return
+            variant, submitted = job
+            taken = time.monotonic()
             try:
                 result = worker.compile(variant) if worker is not None else compile_one(variant)
             except Exception as error:
@@ -539,7 +545,11 @@ class Workers:
                 if worker.process.poll() is not None:
                     return  # a dead worker takes no more jobs: the others (or this process) do
                 continue
+            done = time.monotonic()
+            ready = worker.ready_at if worker is not None and worker.ready_at is not None else taken
+            times = (round(t - self._born, 3) for t in (submitted, max(taken, ready), done))
             with self._lock:
+                self._timeline.append((variant.name, *times))
                 self._times.append((result.seconds, variant.name))
                 self._adopted += result.adopted
                 self._launchers += result.launcher
@@ -580,10 +590,11 @@ class Workers:
                 stacklevel=2,
             )
         longest = max(self._times, default=(0.0, ""))
+        ready = [w.ready_at - self._born for w in self._workers if w.ready_at is not None]
         report = CompileReport(
-            self._submitted, len(self._workers), time.perf_counter() - self._start, len(failed),
+            self._submitted, len(self._workers), time.monotonic() - self._start, len(failed),
             sum(t for t, _ in self._times), longest[0], longest[1], self._adopted, len(self._mismatched),
-            self._launchers,
+            self._launchers, round(max(ready, default=0.0), 3), tuple(sorted(self._timeline, key=lambda t: t[3])),
         )  # fmt: skip
         self._reset()
         if progress is not None:
@@ -598,9 +609,10 @@ class Workers:
         self._adopted = 0
         self._launchers = 0
         self._launcher_keys: set[tuple[Any, ...]] = set()
+        self._timeline: list[tuple[Any, ...]] = []
         self._mismatched: list[tuple[Variant, Compiled]] = []  # filed under another key than the JIT's
         self._submitted = 0
-        self._start = time.perf_counter()
+        self._start = time.monotonic()
 
 
 @dataclass(frozen=True)
@@ -610,7 +622,12 @@ class CompileReport:
     workers overlapped) and the longest one's (a floor on ``seconds``) with its kernel; the variants whose
     worker adopted this process's source key of their kernel (:func:`adopt_function_key`: Triton 3.6)
     and those filed under another key than this process's JIT looks up all the same (a warning names
-    them and the key fields that differ); the C launchers the workers built (:func:`build_launcher`)."""
+    them and the key fields that differ); the C launchers the workers built (:func:`build_launcher`).
+
+    Where the wall seconds went: ``workers_ready_s``, when the last worker that took a variant had imported
+    the kernels, and ``timeline``, per variant in the order they were done ``(kernel, submitted, started,
+    done)``, seconds since the workers were started (optimize() starts them before its graph passes): a late
+    ``submitted`` is the collecting forward, a ``started`` long after it a queue or a worker still importing."""
 
     variants: int
     workers: int
@@ -622,6 +639,8 @@ class CompileReport:
     adopted_function_keys: int = 0
     key_mismatches: int = 0
     launchers_built: int = 0
+    workers_ready_s: float = 0.0
+    timeline: tuple[tuple[Any, ...], ...] = ()
 
 
 class CompileProgress(Progress):
@@ -750,4 +769,6 @@ def worker_main() -> None:
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     importlib.import_module("fuser.kernels")  # the kernels, imported before the first job arrives
+    pickle.dump(("ready", time.monotonic()), out)  # CLOCK_MONOTONIC: the same clock in every process
+    out.flush()
     _serve(sys.stdin.buffer, out)

@@ -6,6 +6,7 @@ zoo and CPU lines say."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -58,7 +59,7 @@ def test_optimize_kwargs_follow_the_signature(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_one_row_measured_and_a_failing_variant_recorded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    def planted(self, label, module):
+    def planted(self, module):
         raise RuntimeError("planted compile failure")
 
     monkeypatch.setattr(gpu_models.Row, "compiled", planted)
@@ -86,6 +87,37 @@ def test_one_row_measured_and_a_failing_variant_recorded(monkeypatch: pytest.Mon
     assert "fuser.resnet26 (fuser.models)" in text and "planted compile failure" in text
     gpu_models.plot(result, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 0
+
+
+def test_compile_s_is_the_time_of_the_calls_that_compile(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A compiled variant's first calls are where it compiles: compile_s is their time, not that of calls
+    made after it compiled (the first version timed the first calls twice and kept the second, fast set)."""
+
+    def slow_first_call(self, module):
+        calls = []
+
+        def forward(x):
+            if not calls:
+                time.sleep(0.3)  # the compile
+            calls.append(1)
+            return module(x)
+
+        return forward
+
+    monkeypatch.setattr(gpu_models.Row, "compiled", slow_first_call)
+    settings = {
+        "device": "cpu",
+        "size": 33,
+        "variants": ["eager", "torch.compile reduce-overhead"],
+        "calls": 1,
+        "repeats": 1,
+        "warmup": 1,
+        "tune": "off",
+        "compile_backend": "eager",
+    }
+    row = gpu_models.run_row(settings, "fuser.resnet26", 1, "float32", tmp_path / "row.json")
+    assert row["compile_s"]["torch.compile reduce-overhead"] >= 0.3
+    assert row["dynamo"]["torch.compile reduce-overhead"]["frames_compiled"] == 0  # nothing went through dynamo
 
 
 def test_generator_shows_the_newest_complete_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -304,6 +304,11 @@ def test_workers_fill_the_cache_the_jit_looks_up(triton_cache: Path, monkeypatch
     assert report.variants == len(variants) - 1 and report.workers == 2 and report.retried_in_process == 0
     assert report.longest_kernel in {v.name for v in variants[1:]} and 0 < report.longest_s <= report.compile_s_sum
     assert report.key_mismatches == 0
+    # the timeline: one entry per variant, each submitted, then started once a worker was ready, then done
+    assert sorted(name for name, *_ in report.timeline) == sorted(v.name for v in variants[1:])
+    assert all(0 <= submitted <= started <= done for _, submitted, started, done in report.timeline)
+    assert 0 < report.workers_ready_s <= max(started for _, _, started, _ in report.timeline)
+    assert [done for *_, done in report.timeline] == sorted(done for *_, done in report.timeline)
     events = jit_lookups(monkeypatch, *launches)
     assert events[0] == (variants[0].name, False)
     assert events[1:] == [(v.name, True) for v in variants[1:]]
