@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import hashlib
 import io
+import os
 import pickle
 import subprocess
 import sys
@@ -333,6 +334,53 @@ def test_a_worker_failure_names_the_variant_and_compiles_here(triton_cache: Path
     assert report.retried_in_process == 1
     events = jit_lookups(monkeypatch, gemm_layer)
     assert ("_gemm_act_kernel", True) in events
+
+
+@needs_ptxas
+def test_a_worker_that_dies_is_named_and_the_others_go_on(
+    triton_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Workers are forked from one interpreter: one that dies (here: on importing its kernel's module)
+    shows as an end of file on its own pipe only. Its variant is compiled here after a warning, it takes
+    no more variants, and the other worker compiles the rest."""
+    variants = [v for v in collect(gemm_layer, conv_layer) if v.name in {"_gemm_act_kernel", "_conv2d_act_kernel"}]
+    gemm_variant = next(v for v in variants if v.name == "_gemm_act_kernel")
+    others = [v for v in variants if v is not gemm_variant]
+    assert others
+    (tmp_path / "fuser_worker_dies.py").write_text(
+        "import os\n"
+        "if os.environ.get('CUDA_VISIBLE_DEVICES') == '':  # a compile worker: die\n"
+        "    os._exit(3)\n"
+        "from fuser.kernels.gemm import _gemm_act_kernel as kernel\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))  # the workers start on this sys.path
+    dying = dataclasses.replace(gemm_variant, kernel="fuser_worker_dies:kernel")
+    with pytest.warns(RuntimeWarning, match=r"kernel\[.*\].*the compile worker stopped"):
+        report = precompile.compile_variants([dying, *others], workers=2, progress=False)
+    assert report.retried_in_process == 1 and report.workers == 2
+    assert sorted(name for name, *_ in report.timeline) == sorted(v.name for v in others)
+    events = jit_lookups(monkeypatch, gemm_layer, conv_layer)
+    assert all(hit for name, hit in events if name in {"_gemm_act_kernel", "_conv2d_act_kernel"}), events
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir() or not hasattr(os, "fork"), reason="reads /proc (Linux)")
+def test_workers_are_forked_from_one_interpreter_and_hold_only_their_own_pipes():
+    """N workers cost one import: one interpreter imports the kernels and forks the others. Each holds
+    only its own two pipes (a worker that held another's would hide that one's death from this process)."""
+    with precompile.Workers(3) as workers:
+        for worker in workers._workers:
+            worker.wait_ready()
+        (server,) = workers._servers
+        pids = [worker.pid for worker in workers._workers]
+        assert len(set(pids)) == 3 and server.process.pid in pids
+        for pid in pids:
+            if pid != server.process.pid:
+                parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                assert parent == server.process.pid
+        pipes = {pid: {os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()} for pid in pids}
+        pipes = {pid: {link for link in links if link.startswith("pipe:")} for pid, links in pipes.items()}
+        assert all(len(links) == 2 for links in pipes.values()), pipes
+        assert len(set().union(*pipes.values())) == 6, "two workers share a pipe"
 
 
 def test_worker_count_setting(monkeypatch: pytest.MonkeyPatch):
