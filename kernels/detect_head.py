@@ -168,28 +168,43 @@ def _detect_head_kernel(
 ):  # fmt: skip
     pid = tl.program_id(0)
     n = tl.program_id(1).to(tl.int64)
-    # Nested ifs, not boolean operators: a program runs exactly the level its block belongs to.
-    if pid < END0:
-        _decode_level(pid, n, box0, sb0_n, sb0_a, sb0_c, cls0, sc0_n, sc0_a, sc0_c, A0, OFF0,
-                      anchor_ptr, sa_r, sa_a, stride_ptr, ss_a, dfl_ptr, y_ptr, boxes_ptr, scores_ptr, A, NC,
-                      R, R_PAD, XYWH, RAW, BLOCK_M, BLOCK_N)  # fmt: skip
-    if LEVELS > 1:  # noqa: SIM102
-        if pid >= END0:  # noqa: SIM102
-            if pid < END1:
-                _decode_level(pid - END0, n, box1, sb1_n, sb1_a, sb1_c, cls1, sc1_n, sc1_a, sc1_c, A1, OFF1,
-                              anchor_ptr, sa_r, sa_a, stride_ptr, ss_a, dfl_ptr, y_ptr, boxes_ptr, scores_ptr, A,
-                              NC, R, R_PAD, XYWH, RAW, BLOCK_M, BLOCK_N)  # fmt: skip
-    if LEVELS > 2:  # noqa: SIM102
-        if pid >= END1:  # noqa: SIM102
-            if pid < END2:
-                _decode_level(pid - END1, n, box2, sb2_n, sb2_a, sb2_c, cls2, sc2_n, sc2_a, sc2_c, A2, OFF2,
-                              anchor_ptr, sa_r, sa_a, stride_ptr, ss_a, dfl_ptr, y_ptr, boxes_ptr, scores_ptr, A,
-                              NC, R, R_PAD, XYWH, RAW, BLOCK_M, BLOCK_N)  # fmt: skip
-    if LEVELS > 3:  # noqa: SIM102
-        if pid >= END2:
-            _decode_level(pid - END2, n, box3, sb3_n, sb3_a, sb3_c, cls3, sc3_n, sc3_a, sc3_c, A3, OFF3,
-                          anchor_ptr, sa_r, sa_a, stride_ptr, ss_a, dfl_ptr, y_ptr, boxes_ptr, scores_ptr, A,
-                          NC, R, R_PAD, XYWH, RAW, BLOCK_M, BLOCK_N)  # fmt: skip
+    # The level of this program's block selects its arguments, then one decode runs: one inlined copy of
+    # the decode, not one per level (a third of the code, and of the compile: 2.8 s on the H200 with four).
+    block = pid
+    box, sb_n, sb_a, sb_c, cls, sc_n, sc_a, sc_c, a_level, a_offset = (
+        box0, sb0_n, sb0_a, sb0_c, cls0, sc0_n, sc0_a, sc0_c, A0, OFF0
+    )  # fmt: skip
+    if LEVELS > 1:
+        box, sb_n, sb_a, sb_c, cls, sc_n, sc_a, sc_c, a_level, a_offset, block = _level_if(
+            pid >= END0, pid - END0, box1, sb1_n, sb1_a, sb1_c, cls1, sc1_n, sc1_a, sc1_c, A1, OFF1,
+            box, sb_n, sb_a, sb_c, cls, sc_n, sc_a, sc_c, a_level, a_offset, block,
+        )  # fmt: skip
+    if LEVELS > 2:
+        box, sb_n, sb_a, sb_c, cls, sc_n, sc_a, sc_c, a_level, a_offset, block = _level_if(
+            pid >= END1, pid - END1, box2, sb2_n, sb2_a, sb2_c, cls2, sc2_n, sc2_a, sc2_c, A2, OFF2,
+            box, sb_n, sb_a, sb_c, cls, sc_n, sc_a, sc_c, a_level, a_offset, block,
+        )  # fmt: skip
+    if LEVELS > 3:
+        box, sb_n, sb_a, sb_c, cls, sc_n, sc_a, sc_c, a_level, a_offset, block = _level_if(
+            pid >= END2, pid - END2, box3, sb3_n, sb3_a, sb3_c, cls3, sc3_n, sc3_a, sc3_c, A3, OFF3,
+            box, sb_n, sb_a, sb_c, cls, sc_n, sc_a, sc_c, a_level, a_offset, block,
+        )  # fmt: skip
+    _decode_level(block, n, box, sb_n, sb_a, sb_c, cls, sc_n, sc_a, sc_c, a_level, a_offset,
+                  anchor_ptr, sa_r, sa_a, stride_ptr, ss_a, dfl_ptr, y_ptr, boxes_ptr, scores_ptr, A, NC,
+                  R, R_PAD, XYWH, RAW, BLOCK_M, BLOCK_N)  # fmt: skip
+
+
+@triton.jit
+def _level_if(inside, level_block, box, sb_n, sb_a, sb_c, cls, sc_n, sc_a, sc_c, a_level, a_offset,
+              box_, sb_n_, sb_a_, sb_c_, cls_, sc_n_, sc_a_, sc_c_, a_level_, a_offset_, block_):  # fmt: skip
+    """A level's arguments where ``inside`` (the program's block lies at or past the level's first block),
+    else the arguments chosen so far (the trailing-underscore ones): selects, no branch."""
+    return (
+        tl.where(inside, box, box_), tl.where(inside, sb_n, sb_n_), tl.where(inside, sb_a, sb_a_),
+        tl.where(inside, sb_c, sb_c_), tl.where(inside, cls, cls_), tl.where(inside, sc_n, sc_n_),
+        tl.where(inside, sc_a, sc_a_), tl.where(inside, sc_c, sc_c_), tl.where(inside, a_level, a_level_),
+        tl.where(inside, a_offset, a_offset_), tl.where(inside, level_block, block_),
+    )  # fmt: skip
 
 
 def detect_head_reference(
