@@ -2,9 +2,11 @@
 
 With ``C_in / groups * KH * KW`` around 27, an implicit GEMM has a K too short to feed the tensor
 cores and spends its time gathering a [pixels, K] patch tile scattered over three image rows. Here
-each program keeps a [pixels, C_out] float32 accumulator and walks the taps one by one, unrolled
-(``C_IN_G``, ``KH``, ``KW`` are compile-time): per tap one load of a pixel vector (neighbouring taps
-hit the same cache lines), one load of a weight row, one outer-product multiply-add. The work is
+each program keeps a [pixels, C_out] float32 accumulator and walks the taps one by one (``C_IN_G``,
+``KH``, ``KW`` are compile-time; a filter row's taps are unrolled, the rows are a loop, which keeps the
+compile short: 0.5 s against 1.1 s unrolled for a 3x3 stem, the longest compile of a cold optimize()):
+per tap one load of a pixel vector (neighbouring taps hit the same cache lines), one load of a weight
+row, one outer-product multiply-add. The work is
 memory-bound either way (a 3->16 3x3 conv does about 14 FLOP per byte moved), so CUDA-core FMAs cost
 nothing extra, and the result is computed in full float32 whatever the precision policy (bf16 /
 fp16 policies still round the operands to their dtype first, as the GEMM kernels do).
@@ -91,7 +93,7 @@ def _direct_conv_act_kernel(
     w_rows = w_ptr + channels.to(tl.int64) * stride_wn
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kh in tl.static_range(KH):
+    for kh in range(KH):
         ih = ih0 + kh * dil_h
         h_ok = m_ok & (ih >= 0) & (ih < H)
         for kw in tl.static_range(KW):
