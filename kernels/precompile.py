@@ -426,10 +426,12 @@ class _Server:
     kernels once and then forks a worker per pipe pair beyond its own (where ``os.fork`` exists), so
     that N workers cost one import instead of N at once.
 
-    Measured on the H200's 16 cores (gpu-models-2026-12-02.json): 16 interpreters each importing torch
-    and the kernels at the same time were ready 5.6-5.9 s after optimize() started, while the collecting
-    forward had listed every variant by 2.5 s; the compiles waited on the imports. Inductor's compile
-    workers do the same (one fresh interpreter that forks its pool). Nothing in it has touched CUDA
+    Measured on the H200's 16 cores: 16 interpreters each importing torch and the kernels at the same
+    time were ready 5.6-5.9 s after optimize() started, while the collecting forward had listed every
+    variant by 2.5 s (gpu-models-2026-12-02a.json). Forked from one, they were ready at 4.8-6.2 s
+    (-02b.json): the one import takes that long there, so forking saves the other imports' CPU time but
+    not the wait (kernels/NOTES.md, version 10). Inductor's compile workers are made the same way (one
+    fresh interpreter that forks its pool). Nothing in it has touched CUDA
     (``CUDA_VISIBLE_DEVICES`` is empty) or compiled anything before it forks. Its own session, so that
     :meth:`close` stops the forked workers with it."""
 
