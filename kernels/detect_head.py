@@ -169,7 +169,7 @@ def _detect_head_kernel(
     pid = tl.program_id(0)
     n = tl.program_id(1).to(tl.int64)
     # The level of this program's block selects its arguments, then one decode runs: one inlined copy of
-    # the decode, not one per level (a third of the code, and of the compile: 2.8 s on the H200 with four).
+    # the decode, not one per level (YOLO's three levels: a third of the code; sm90 compile 2.5 -> 0.8 s).
     block = pid
     box, sb_n, sb_a, sb_c, cls, sc_n, sc_a, sc_c, a_level, a_offset = (
         box0, sb0_n, sb0_a, sb0_c, cls0, sc0_n, sc0_a, sc0_c, A0, OFF0

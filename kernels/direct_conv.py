@@ -6,10 +6,10 @@ each program keeps a [pixels, C_out] float32 accumulator and walks the taps one 
 ``KH``, ``KW`` are compile-time; a filter row's taps are unrolled, the rows are a loop, which keeps the
 compile short: 0.5 s against 1.1 s unrolled for a 3x3 stem, the longest compile of a cold optimize()):
 per tap one load of a pixel vector (neighbouring taps hit the same cache lines), one load of a weight
-row, one outer-product multiply-add. The work is
-memory-bound either way (a 3->16 3x3 conv does about 14 FLOP per byte moved), so CUDA-core FMAs cost
-nothing extra, and the result is computed in full float32 whatever the precision policy (bf16 /
-fp16 policies still round the operands to their dtype first, as the GEMM kernels do).
+row, one outer-product multiply-add. The work is memory-bound either way (a 3->16 3x3 conv does about
+14 FLOP per byte moved), so CUDA-core FMAs cost nothing extra, and the result is computed in full
+float32 whatever the precision policy (bf16 / fp16 policies still round the operands to their dtype
+first, as the GEMM kernels do).
 """
 
 from __future__ import annotations
