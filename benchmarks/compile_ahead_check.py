@@ -18,9 +18,11 @@ A short table comes last; the rows go to ``compile-ahead-check-<date>.json`` und
 
 ``--simulate`` (no GPU): the same steps planned as on an sm_90 GPU, with an interpreter-fused model and
 the JIT's lookups warming up instead of launching (a miss compiles here, on the CPU: use a small model).
-``--baseline`` also runs each model with compiling ahead off, for the serial figure. ``--profile`` runs the
-cold optimize() under cProfile and keeps its largest entries (cumulative and own time) in the row: where the
-seconds outside the workers go. cProfile slows Python-heavy parts, so the row's seconds are not the plain figure.
+``--baseline`` also runs each model with compiling ahead off, for the serial figure; ``--starts fork,spawn``
+runs each model once per way of starting the workers (``FUSER_COMPILE_START``), for the same-run comparison.
+``--profile`` runs the cold optimize() under cProfile and keeps its largest entries (cumulative and own time)
+in the row: where the seconds outside the workers go. cProfile slows Python-heavy parts, so the row's seconds
+are not the plain figure.
 """
 
 from __future__ import annotations
@@ -315,6 +317,7 @@ def child(spec: str, out: Path, simulate: str | None, profile: bool = False) -> 
         "model": name,
         "batch": int(batch),
         "workers_env": os.environ.get(precompile.WORKERS_ENV),
+        "workers_start": report.start if report is not None else None,
         "triton": triton.__version__,
         "torch": torch.__version__,
         "simulated": simulate,
@@ -338,9 +341,11 @@ def child(spec: str, out: Path, simulate: str | None, profile: bool = False) -> 
     out.write_text(json.dumps(row, indent=1) + "\n")
 
 
-def _env(root: Path, workers: str) -> dict[str, str]:
+def _env(root: Path, workers: str, start: str | None = None) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1", FUSER_AUTOTUNE="0")
     env["FUSER_COMPILE_WORKERS"] = workers
+    if start is not None:
+        env["FUSER_COMPILE_START"] = start
     for var in ("TRITON_CACHE_DIR", "FUSER_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"):
         folder = root / var.lower()
         folder.mkdir(parents=True)
@@ -348,7 +353,7 @@ def _env(root: Path, workers: str) -> dict[str, str]:
     return env
 
 
-def run_row(name: str, args: argparse.Namespace, workers: str) -> dict[str, Any]:
+def run_row(name: str, args: argparse.Namespace, workers: str, start: str | None = None) -> dict[str, Any]:
     """One model in a fresh process (under /tmp, empty caches); a crash or timeout is a row with an error."""
     root = Path(tempfile.mkdtemp(prefix="compile-ahead-check-", dir="/tmp"))
     out = root / "row.json"
@@ -360,7 +365,7 @@ def run_row(name: str, args: argparse.Namespace, workers: str) -> dict[str, Any]
         command.append("--child-profile")
     cwd = Path(__file__).resolve().parents[1]
     try:
-        done = subprocess.run(command, env=_env(root, workers), cwd=cwd,
+        done = subprocess.run(command, env=_env(root, workers, start), cwd=cwd,
                               timeout=args.timeout, check=False)  # fmt: skip
         error = None if done.returncode == 0 else f"row process exited with code {done.returncode}"
     except subprocess.TimeoutExpired:
@@ -374,13 +379,15 @@ def run_row(name: str, args: argparse.Namespace, workers: str) -> dict[str, Any]
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
-        "| model | workers | listed | by workers | adopted key | filed as listed | JIT hits | JIT misses | optimize s |"
+        "| model | workers | start | listed | by workers | adopted key | filed as listed | JIT hits | JIT misses "
+        "| workers ready s | optimize s |"
     )
-    lines = [head, "|" + "---|" * 9]
+    lines = [head, "|" + "---|" * 11]
     for r in rows:
-        cells = [r.get("model"), r.get("workers_env"), r.get("variants_listed"), r.get("compiled_by_workers"),
-                 r.get("adopted_function_keys"), r.get("filed_as_listed"), r.get("jit_hits"), r.get("jit_misses"),
-                 r.get("optimize_s_cold", r.get("error"))]  # fmt: skip
+        ready = (r.get("compile_ahead") or {}).get("workers_ready_s")
+        cells = [r.get("model"), r.get("workers_env"), r.get("workers_start"), r.get("variants_listed"),
+                 r.get("compiled_by_workers"), r.get("adopted_function_keys"), r.get("filed_as_listed"),
+                 r.get("jit_hits"), r.get("jit_misses"), ready, r.get("optimize_s_cold", r.get("error"))]  # fmt: skip
         lines.append("| " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
     return "\n".join(lines)
 
@@ -392,6 +399,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, help="input size (default: each model's own)")
     parser.add_argument("--workers", default="auto", help="FUSER_COMPILE_WORKERS of the rows (default auto)")
     parser.add_argument("--baseline", action="store_true", help="also each model with compiling ahead off")
+    parser.add_argument("--starts", help="FUSER_COMPILE_START of the rows, comma-separated: a row per model and each")
     parser.add_argument("--simulate", action="store_true", help="no GPU: plan as on --arch (a CPU dry run)")
     parser.add_argument("--arch", default="sm90")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per row")
@@ -408,13 +416,16 @@ def main() -> None:
     if not args.simulate and not torch.cuda.is_available():
         raise SystemExit("this measures optimize() on a CUDA GPU; without one, pass --simulate (a dry run)")
     rows = []
+    starts = args.starts.split(",") if args.starts else [None]
     for name in args.models.split(","):
-        for workers in (args.workers, "0") if args.baseline else (args.workers,):
-            row = run_row(name, args, workers)
+        runs = [(args.workers, start) for start in starts] + ([("0", None)] if args.baseline else [])
+        for workers, start in runs:
+            row = run_row(name, args, workers, start)
             rows.append(row)
             for miss in row.get("misses", []):
                 print(f"  miss {miss['kernel']}: {miss['why']}", flush=True)
-            short = {k: row.get(k) for k in ("model", "workers_env", "jit_hits", "jit_misses", "optimize_s_cold")}
+            keys = ("model", "workers_env", "workers_start", "jit_hits", "jit_misses", "optimize_s_cold")
+            short = {k: row.get(k) for k in keys}
             print(json.dumps({**short, "error": row.get("error")}), flush=True)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

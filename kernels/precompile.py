@@ -27,10 +27,12 @@ the model (a CUDA graph is recorded over all of them), so a lazy compile only mo
 call; and compiling is CPU-bound Python and MLIR work, which threads of one process do not spread over
 the cores. Why processes started by :class:`Workers` rather than a ``multiprocessing`` pool: a spawned
 ``multiprocessing`` child re-imports the user's ``__main__``, which re-runs a script that calls
-``optimize()`` without a ``__main__`` guard; the workers here are one fresh interpreter on this process's
-``sys.path`` that imports only the kernels and then forks the others (:func:`worker_main`), so N workers
-cost one import, not N at once on the same cores. It starts importing at once: ``optimize()`` starts the
-workers before its graph passes, so that they are ready when the variants are known.
+``optimize()`` without a ``__main__`` guard. The workers here start one of two ways
+(``FUSER_COMPILE_START``, :func:`start_method`): ``fork`` (the default on Linux) forks this process, which
+has torch and the kernels imported already, so the workers are ready at once; ``spawn`` starts one fresh
+interpreter on this process's ``sys.path`` that imports the kernels (about 5 s on the H200 machine, most of
+it torch) and then forks the others (:func:`worker_main`). Either way N workers cost at most one import,
+and ``optimize()`` starts them before its graph passes.
 
 A variant a worker fails to compile is named in a warning (kernel, constexprs, warps, stages) and
 compiled in this process instead; where that fails too, its launch raises Triton's error as it would have
@@ -46,6 +48,7 @@ the interpreter there and are not listed; on a GPU the hook sees them too.
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import importlib
 import json
@@ -58,6 +61,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -72,6 +76,7 @@ from . import autotune, launch
 from .autotune import Progress
 
 WORKERS_ENV = "FUSER_COMPILE_WORKERS"
+START_ENV = "FUSER_COMPILE_START"  # how the workers start: "fork" or "spawn" (start_method)
 PIPES_ENV = "FUSER_WORKER_PIPES"  # a worker interpreter's pipe pairs, one per worker (_Server)
 MAX_WORKERS = 32
 
@@ -421,21 +426,37 @@ def default_workers() -> int:
     return max(1, min(MAX_WORKERS, cores))
 
 
+def start_method() -> str:
+    """How compile workers start (``FUSER_COMPILE_START``): ``fork`` (the default where this process can
+    fork, on Linux) or ``spawn`` (a fresh interpreter imports the kernels first; elsewhere the only way).
+    See :class:`_Server`."""
+    can_fork = hasattr(os, "fork") and sys.platform.startswith("linux")
+    method = os.environ.get(START_ENV, "fork" if can_fork else "spawn")
+    if method not in ("fork", "spawn"):
+        raise ValueError(f"{START_ENV} must be 'fork' or 'spawn', got {method!r}")
+    return method if can_fork else "spawn"
+
+
 class _Server:
-    """One worker interpreter (:func:`worker_main`, on this process's ``sys.path``) that imports the
-    kernels once and then forks a worker per pipe pair beyond its own (where ``os.fork`` exists), so
-    that N workers cost one import instead of N at once.
+    """The process behind a pool of workers: it forks a worker per pipe pair beyond its own and serves the
+    last pair itself (:func:`_serve_all`), in its own process group, so that :meth:`close` stops them all.
 
-    Measured on the H200's 16 cores: 16 interpreters each importing torch and the kernels at the same
-    time were ready 5.6-5.9 s after optimize() started, while the collecting forward had listed every
-    variant by 2.5 s (gpu-models-2026-12-02a.json). Forked from one, they were ready at 4.8-6.2 s
-    (-02b.json): the one import takes that long there, so forking saves the other imports' CPU time but
-    not the wait (kernels/NOTES.md, version 10). Inductor's compile workers are made the same way (one
-    fresh interpreter that forks its pool). Nothing in it has touched CUDA
-    (``CUDA_VISIBLE_DEVICES`` is empty) or compiled anything before it forks. Its own session, so that
-    :meth:`close` stops the forked workers with it."""
+    It starts as ``start`` says (:func:`start_method`):
 
-    def __init__(self, env: dict[str, str], workers: int) -> None:
+    - ``"fork"``: a fork of this process, which has torch and the kernels imported, so it is ready at
+      once. Measured on the H200's 16 cores, the fresh interpreter below was ready 4.8-6.2 s into
+      optimize(), while the collecting forward had listed every variant by 1.9 s (gpu-models-2026-12-02b.json;
+      kernels/NOTES.md, version 10): its import is the wait. This process may have started CUDA and other
+      threads; the fork runs only Python and Triton's compiler, never CUDA (torch refuses CUDA in a forked
+      child with an error, and ``CUDA_VISIBLE_DEVICES`` is emptied for anything it starts). It keeps only
+      its own pipes and log of this process's open files (a file lock or socket of the user's is not held
+      open by it), and it never collects the objects it inherited, so no finalizer of this process's
+      (a CUDA tensor's, a file's) runs twice. PyTorch's DataLoader workers are forked the same way.
+    - ``"spawn"``: one fresh interpreter on this process's ``sys.path`` (:func:`worker_main`) imports the
+      kernels first, with ``CUDA_VISIBLE_DEVICES`` empty; Inductor's compile workers are made so.
+    """
+
+    def __init__(self, env: dict[str, str], workers: int, start: str = "spawn") -> None:
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in close(), with the process)
         ours, theirs = [], []  # per worker: (jobs writer, results reader) here, (jobs reader, results writer) there
         for _ in range(workers):
@@ -444,16 +465,9 @@ class _Server:
             ours.append((jobs_w, results_r))
             theirs.append((jobs_r, results_w))
         passed = [fd for pair in theirs for fd in pair]
+        self.process: subprocess.Popen[bytes] | None = None  # the spawned interpreter (None: a fork)
         try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-c", _WORKER_BOOT],
-                stdin=subprocess.DEVNULL,
-                stdout=self.log,
-                stderr=self.log,
-                env={**env, PIPES_ENV: json.dumps(theirs)},
-                pass_fds=passed,
-                start_new_session=True,
-            )
+            self.pid = self._fork(theirs) if start == "fork" else self._spawn(env, theirs)
         except OSError:
             for fd in passed + [fd for pair in ours for fd in pair]:
                 os.close(fd)
@@ -462,6 +476,48 @@ class _Server:
         for fd in passed:
             os.close(fd)
         self.workers = [_Worker(self, jobs_w, results_r) for jobs_w, results_r in ours]
+
+    def _spawn(self, env: dict[str, str], theirs: list[tuple[int, int]]) -> int:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _WORKER_BOOT],
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=self.log,
+            env={**env, PIPES_ENV: json.dumps(theirs)},
+            pass_fds=[fd for pair in theirs for fd in pair],
+            start_new_session=True,
+        )
+        return self.process.pid
+
+    def _fork(self, theirs: list[tuple[int, int]]) -> int:
+        for stream in (sys.stdout, sys.stderr):  # else the fork's first write repeats what is buffered here
+            with contextlib.suppress(Exception):
+                stream.flush()
+        with warnings.catch_warnings():  # Python 3.12 warns on any fork of a process with threads: see above
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            try:
+                forked = time.monotonic()
+                gc.freeze()  # what this process made is never collected there
+                os.setpgid(0, 0)  # its own group (both sides set it: close() may come first), out of the terminal's
+                null = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(null, 0)
+                os.dup2(self.log.fileno(), 1)
+                os.dup2(self.log.fileno(), 2)
+                _close_all_but({0, 1, 2, self.log.fileno(), *(fd for pair in theirs for fd in pair)})
+                # this process's streams may be objects that write elsewhere (a notebook's): plain files here
+                sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (ended by os._exit)
+                sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+                os.environ["CUDA_VISIBLE_DEVICES"] = ""
+                _serve_all(theirs, {"fork": forked})
+            except BaseException:
+                traceback.print_exc()  # into the log, which names it where a worker stops
+            finally:
+                os._exit(0)
+        with contextlib.suppress(OSError):  # it may have set it already, or died
+            os.setpgid(pid, pid)
+        return pid
 
     def log_tail(self) -> str:
         self.log.seek(0)
@@ -472,8 +528,12 @@ class _Server:
         """Stop it and its workers now (they keep no state; one still importing need not finish). Killed
         before their pipes close here: a feeding thread still reading a reply then sees an end of file."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
+            os.killpg(self.pid, signal.SIGKILL)
+        if self.process is not None:
+            self.process.wait()
+        else:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.pid, 0)
         for worker in self.workers:
             worker.close()
         self.log.close()
@@ -488,13 +548,15 @@ class _Worker:
         self.jobs = os.fdopen(jobs, "wb")
         self.results = os.fdopen(results, "rb")
         self.ready_at: float | None = None  # time.monotonic() when it had imported the kernels
+        self.boot: dict[str, float] = {}  # its interpreter's steps before that: time.monotonic() at each
         self.pid: int | None = None
         self.dead = False
 
     def wait_ready(self) -> None:
-        """Read the worker's first message (when it was ready, its process id), once."""
+        """Read the worker's first message (when it was ready, its process id, its interpreter's boot
+        steps), once."""
         if self.ready_at is None:
-            _, self.ready_at, self.pid = pickle.load(self.results)
+            _, self.ready_at, self.pid, self.boot = pickle.load(self.results)
 
     def compile(self, variant: Variant) -> Compiled:
         try:
@@ -534,11 +596,12 @@ class Workers:
             "FUSER_WORKER_SYS_PATH": json.dumps(sys.path),
         }
         weakref.finalize(self, Workers._stop, self._servers)
-        # One interpreter forking the rest; without fork, one interpreter per worker.
+        # One process forking the rest; without fork, one interpreter per worker.
+        self._start_method = start_method() if self.count > 0 else ""
         sizes = [self.count] if hasattr(os, "fork") else [1] * self.count
         for size in [n for n in sizes if n > 0]:
             try:
-                self._servers.append(_Server(env, size))
+                self._servers.append(_Server(env, size, self._start_method))
             except OSError as error:  # no processes to be had: fewer workers (none: compile in-process)
                 warnings.warn(f"fuser: could not start compile workers ({error})", RuntimeWarning, stacklevel=2)
                 break
@@ -647,10 +710,13 @@ class Workers:
             )
         longest = max(self._times, default=(0.0, ""))
         ready = [w.ready_at - self._born for w in self._workers if w.ready_at is not None]
+        last = max((w for w in self._workers if w.ready_at is not None), key=lambda w: w.ready_at, default=None)
+        boot = () if last is None else tuple((step, round(at - self._born, 3)) for step, at in last.boot.items())
         report = CompileReport(
             self._submitted, len(self._workers), time.monotonic() - self._start, len(failed),
             sum(t for t, _ in self._times), longest[0], longest[1], self._adopted, len(self._mismatched),
             self._launchers, round(max(ready, default=0.0), 3), tuple(sorted(self._timeline, key=lambda t: t[3])),
+            boot, self._start_method,
         )  # fmt: skip
         self._reset()
         if progress is not None:
@@ -683,7 +749,11 @@ class CompileReport:
     Where the wall seconds went: ``workers_ready_s``, when the last worker that took a variant had imported
     the kernels, and ``timeline``, per variant in the order they were done ``(kernel, submitted, started,
     done)``, seconds since the workers were started (optimize() starts them before its graph passes): a late
-    ``submitted`` is the collecting forward, a ``started`` long after it a queue or a worker still importing."""
+    ``submitted`` is the collecting forward, a ``started`` long after it a queue or a worker still importing.
+    ``worker_boot``: for the worker ready last, when it reached each step, on the same clock: started as a
+    fork of this process (``fork``) or as an interpreter (its first line, then torch, triton and the kernels
+    imported), then Triton's key warmed and the workers forked; ``start``, which of the two
+    (:func:`start_method`)."""
 
     variants: int
     workers: int
@@ -697,6 +767,8 @@ class CompileReport:
     launchers_built: int = 0
     workers_ready_s: float = 0.0
     timeline: tuple[tuple[Any, ...], ...] = ()
+    worker_boot: tuple[tuple[str, float], ...] = ()
+    start: str = ""  # how the workers started: "fork" or "spawn" (start_method)
 
 
 class CompileProgress(Progress):
@@ -799,8 +871,9 @@ class Ahead:
 # --- the worker ------------------------------------------------------------------------------------------
 
 
-def _serve(inp: BinaryIO, out: BinaryIO) -> None:
-    pickle.dump(("ready", time.monotonic(), os.getpid()), out)  # CLOCK_MONOTONIC: one clock for all processes
+def _serve(inp: BinaryIO, out: BinaryIO, boot: dict[str, float]) -> None:
+    # CLOCK_MONOTONIC: one clock for all processes
+    pickle.dump(("ready", time.monotonic(), os.getpid(), boot), out)
     out.flush()
     while True:
         try:
@@ -815,29 +888,44 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> None:
         out.flush()
 
 
+# A spawned interpreter's first lines, timing its imports (CompileReport.worker_boot): torch, triton, then
+# the kernels with this module.
 _WORKER_BOOT = (
+    "import time; boot = {'interpreter': time.monotonic()}; "
     "import json, os, sys; sys.path[:] = json.loads(os.environ['FUSER_WORKER_SYS_PATH']); "
-    "from fuser.kernels.precompile import worker_main; worker_main()"
+    "import torch; boot['torch'] = time.monotonic(); "
+    "import triton; boot['triton'] = time.monotonic(); "
+    "from fuser.kernels.precompile import worker_main; boot['kernels'] = time.monotonic(); "
+    "worker_main(boot)"
 )
 
 
-def worker_main() -> None:
-    """A worker interpreter (:class:`_Server`): import the kernels, fork a worker for each pipe pair but
-    the last, serve the last itself; each serves variants until its jobs pipe closes."""
-    importlib.import_module("fuser.kernels")  # the kernels, imported once, before any fork
+def worker_main(boot: dict[str, float] | None = None) -> None:
+    """A spawned worker interpreter (:class:`_Server`): with the kernels imported, :func:`_serve_all` the
+    pipe pairs it was passed. ``boot``: when the interpreter reached each step of its imports (reported
+    by each worker, :attr:`CompileReport.worker_boot`)."""
+    boot = {"interpreter": time.monotonic()} if boot is None else boot
+    importlib.import_module("fuser.kernels")  # imported with this module: the kernels, once, before any fork
+    _serve_all([tuple(pair) for pair in json.loads(os.environ[PIPES_ENV])], boot)
+
+
+def _serve_all(pairs: Sequence[tuple[int, ...]], boot: dict[str, float]) -> None:
+    """In a worker process with the kernels imported: warm up, fork a worker for each pipe pair but the
+    last, serve the last here; each serves variants until its jobs pipe closes."""
+    pairs = list(pairs)
     _warm_up()
-    pairs = [tuple(pair) for pair in json.loads(os.environ[PIPES_ENV])]
+    boot["warmed"] = time.monotonic()
     *forked, own = pairs
     children = []
     for pair in forked:
         pid = os.fork()
         if pid == 0:
             try:
-                _serve_pair(pair, pairs)
+                _serve_pair(pair, pairs, {**boot, "forked": time.monotonic()})
             finally:
                 os._exit(0)
         children.append(pid)
-    _serve_pair(own, pairs)
+    _serve_pair(own, pairs, {**boot, "forked": time.monotonic()})
     for pid in children:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
@@ -846,7 +934,7 @@ def worker_main() -> None:
 def _warm_up() -> None:
     """Once, before forking, what each worker's first compile would otherwise do again: Triton's key over
     its own sources and library (``triton_key``, cached; about 0.3 s) and the code generator's imports
-    (0.1 s). Plain Python: no compiler thread or GPU state exists before the fork."""
+    (0.1 s). Plain Python: no compiler thread exists before the fork (nor, spawned, any GPU state)."""
     with contextlib.suppress(ImportError):
         from triton.compiler import code_generator  # noqa: F401
         from triton.runtime.cache import triton_key
@@ -854,7 +942,19 @@ def _warm_up() -> None:
         triton_key()
 
 
-def _serve_pair(pair: tuple[int, ...], pairs: list[tuple[int, ...]]) -> None:
+def _close_all_but(keep: set[int]) -> None:
+    """Close every file descriptor of this process but those in ``keep`` (a forked worker's own)."""
+    top = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536
+    low = 0
+    for fd in sorted(keep):
+        if fd > low:  # an empty range would close them all (CPython passes high - 1 to close_range)
+            os.closerange(low, fd)
+        low = fd + 1
+    if top > low:
+        os.closerange(low, top)
+
+
+def _serve_pair(pair: tuple[int, ...], pairs: list[tuple[int, ...]], boot: dict[str, float]) -> None:
     """Serve the pipe pair ``pair`` after closing the others: a worker holds only its own pipes, so that
     its death shows the listing process an end of file."""
     for other in pairs:
@@ -864,4 +964,4 @@ def _serve_pair(pair: tuple[int, ...], pairs: list[tuple[int, ...]]) -> None:
                     os.close(fd)
     jobs, results = pair
     with os.fdopen(jobs, "rb") as inp, os.fdopen(results, "wb") as out:
-        _serve(inp, out)
+        _serve(inp, out, boot)

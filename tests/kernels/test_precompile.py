@@ -61,6 +61,16 @@ def forget_compiled() -> None:
                 obj.device_caches.clear()
 
 
+@pytest.fixture(params=["fork", "spawn"])
+def start(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How the workers of the test start (precompile.start_method): forked from this process, or a fresh
+    interpreter that imports the kernels first."""
+    if request.param == "fork" and not sys.platform.startswith("linux"):
+        pytest.skip("the workers fork only on Linux")
+    monkeypatch.setenv(precompile.START_ENV, request.param)
+    return request.param
+
+
 @pytest.fixture
 def triton_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """An empty Triton cache for this test (the workers inherit it through the environment)."""
@@ -233,15 +243,18 @@ def test_a_fresh_process_files_every_variant_under_the_listed_key():
 
 
 @needs_ptxas
-def test_a_worker_files_under_the_listing_process_function_key(triton_cache: Path, monkeypatch: pytest.MonkeyPatch):
+def test_a_worker_files_under_the_listing_process_function_key(
+    start: str, triton_cache: Path, monkeypatch: pytest.MonkeyPatch
+):
     """Where this process's source key of a kernel is not what a fresh process computes (Triton 3.6: it
-    depends on which kernels were hashed first), the worker adopts this process's: the JIT hits."""
+    depends on which kernels were hashed first), a spawned worker adopts this process's (a forked one has
+    it already): the JIT hits."""
     kernel = gemm._gemm_act_kernel
     monkeypatch.setattr(kernel, "hash", "the key this process computed, another order's")
     variants = [v for v in collect(gemm_layer) if v.name == "_gemm_act_kernel"]
     assert variants[0].function_key == kernel.hash
     report = precompile.compile_variants(variants, workers=1, progress=False)
-    assert report.adopted_function_keys == 1 and report.key_mismatches == 0
+    assert report.adopted_function_keys == (1 if start == "spawn" else 0) and report.key_mismatches == 0
     assert ("_gemm_act_kernel", True) in jit_lookups(monkeypatch, gemm_layer)
 
 
@@ -295,7 +308,7 @@ def test_a_plan_the_interpreter_made_is_not_listed():
 
 
 @needs_ptxas
-def test_workers_fill_the_cache_the_jit_looks_up(triton_cache: Path, monkeypatch: pytest.MonkeyPatch):
+def test_workers_fill_the_cache_the_jit_looks_up(start: str, triton_cache: Path, monkeypatch: pytest.MonkeyPatch):
     """Every variant but the first compiled by two workers: the JIT then finds exactly those in the cache
     and compiles only the first (so the test fails both ways: a key mismatch, or a lookup not made)."""
     launches = (conv_layer, lambda: conv_layer(tile=TILE), gemm_layer)
@@ -309,6 +322,11 @@ def test_workers_fill_the_cache_the_jit_looks_up(triton_cache: Path, monkeypatch
     assert sorted(name for name, *_ in report.timeline) == sorted(v.name for v in variants[1:])
     assert all(0 <= submitted <= started <= done for _, submitted, started, done in report.timeline)
     assert 0 < report.workers_ready_s <= max(started for _, _, started, _ in report.timeline)
+    # the boot steps of the worker ready last, in order, each before it was ready
+    steps, times = zip(*report.worker_boot, strict=True)
+    started = ("fork",) if start == "fork" else ("interpreter", "torch", "triton", "kernels")
+    assert steps == (*started, "warmed", "forked") and report.start == start
+    assert times[0] > 0 and list(times) == sorted(times) and times[-1] <= report.workers_ready_s
     assert [done for *_, done in report.timeline] == sorted(done for *_, done in report.timeline)
     events = jit_lookups(monkeypatch, *launches)
     assert events[0] == (variants[0].name, False)
@@ -316,18 +334,29 @@ def test_workers_fill_the_cache_the_jit_looks_up(triton_cache: Path, monkeypatch
 
 
 @needs_ptxas
-def test_a_worker_failure_names_the_variant_and_compiles_here(triton_cache: Path, monkeypatch: pytest.MonkeyPatch):
-    """A kernel the workers cannot import (its module exists only in this process) is compiled here,
-    after a warning naming it with its constexprs, warps and stages; the JIT then finds it cached."""
+def test_a_worker_failure_names_the_variant_and_compiles_here(
+    start: str, triton_cache: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A kernel the workers cannot resolve (its module exists only in this process; a fork has the module,
+    whose attribute then fails outside this process) is compiled here, after a warning naming it with
+    its constexprs, warps and stages; the JIT then finds it cached."""
     variant = next(v for v in collect(gemm_layer) if v.name == "_gemm_act_kernel")
     module = types.ModuleType("fuser_precompile_test_only")
-    module.kernel = gemm._gemm_act_kernel  # type: ignore[attr-defined]
+    here = os.getpid()
+
+    def only_here(name: str) -> Any:
+        if name != "kernel" or os.getpid() != here:
+            raise AttributeError(f"{name} exists only in the listing process")
+        return gemm._gemm_act_kernel
+
+    module.__getattr__ = only_here  # type: ignore[method-assign]
     monkeypatch.setitem(sys.modules, module.__name__, module)
     moved = dataclasses.replace(variant, kernel=f"{module.__name__}:kernel")
     config = f"w{variant.options['num_warps']} s{variant.options['num_stages']}"
+    error = "ModuleNotFoundError" if start == "spawn" else "AttributeError: kernel exists only in the listing"
     message = (
         r"compiling 1 kernel variant\(s\) in a worker process failed, compiling them in this process instead: "
-        rf"kernel\[.*{config}\].*: RuntimeError: ModuleNotFoundError"
+        rf"kernel\[.*{config}\].*: RuntimeError: {error}"
     )
     with pytest.warns(RuntimeWarning, match=message):
         report = precompile.compile_variants([moved], workers=1, progress=False)
@@ -338,9 +367,9 @@ def test_a_worker_failure_names_the_variant_and_compiles_here(triton_cache: Path
 
 @needs_ptxas
 def test_a_worker_that_dies_is_named_and_the_others_go_on(
-    triton_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    start: str, triton_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    """Workers are forked from one interpreter: one that dies (here: on importing its kernel's module)
+    """Workers are forked from one process: one that dies (here: on importing its kernel's module)
     shows as an end of file on its own pipe only. Its variant is compiled here after a warning, it takes
     no more variants, and the other worker compiles the rest."""
     variants = [v for v in collect(gemm_layer, conv_layer) if v.name in {"_gemm_act_kernel", "_conv2d_act_kernel"}]
@@ -364,23 +393,34 @@ def test_a_worker_that_dies_is_named_and_the_others_go_on(
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir() or not hasattr(os, "fork"), reason="reads /proc (Linux)")
-def test_workers_are_forked_from_one_interpreter_and_hold_only_their_own_pipes():
-    """N workers cost one import: one interpreter imports the kernels and forks the others. Each holds
-    only its own two pipes (a worker that held another's would hide that one's death from this process)."""
-    with precompile.Workers(3) as workers:
+def test_workers_are_forked_from_one_process_and_hold_only_their_own_pipes(start: str, tmp_path: Path):
+    """N workers cost at most one import: one process (a fork of this one, or an interpreter that imports
+    the kernels) forks the others. Each holds only its own two pipes (a worker that held another's would
+    hide that one's death from this process) and none of this process's files."""
+    with open(tmp_path / "the user's file", "w") as users_file, precompile.Workers(3) as workers:
         for worker in workers._workers:
             worker.wait_ready()
         (server,) = workers._servers
         pids = [worker.pid for worker in workers._workers]
-        assert len(set(pids)) == 3 and server.process.pid in pids
+        assert len(set(pids)) == 3 and server.pid in pids
         for pid in pids:
-            if pid != server.process.pid:
-                parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-                assert parent == server.process.pid
-        pipes = {pid: {os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()} for pid in pids}
-        pipes = {pid: {link for link in links if link.startswith("pipe:")} for pid, links in pipes.items()}
-        assert all(len(links) == 2 for links in pipes.values()), pipes
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            assert parent == (server.pid if pid != server.pid else os.getpid())
+        links = {pid: {os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()} for pid in pids}
+        assert not any(users_file.name in held for held in links.values()), links
+        pipes = {pid: {link for link in held if link.startswith("pipe:")} for pid, held in links.items()}
+        assert all(len(held) == 2 for held in pipes.values()), pipes
         assert len(set().union(*pipes.values())) == 6, "two workers share a pipe"
+
+
+def test_start_method_setting(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv(precompile.START_ENV, raising=False)
+    assert precompile.start_method() == ("fork" if sys.platform.startswith("linux") else "spawn")
+    monkeypatch.setenv(precompile.START_ENV, "spawn")
+    assert precompile.start_method() == "spawn"
+    monkeypatch.setenv(precompile.START_ENV, "forkserver")
+    with pytest.raises(ValueError, match="FUSER_COMPILE_START must be 'fork' or 'spawn', got 'forkserver'"):
+        precompile.start_method()
 
 
 def test_worker_count_setting(monkeypatch: pytest.MonkeyPatch):
