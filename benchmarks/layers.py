@@ -117,22 +117,21 @@ def host_us(fn, calls: int = 200) -> float:
 
 def mma_kind(fn) -> str:
     """Which matrix instructions the fused kernel's PTX holds: 'wgmma' (Hopper), 'mma' (Ampere-style) or
-    'none' (CUDA-core FMA only), read from the compiled kernel one call launches."""
-    from fuser.kernels import conv, depthwise, direct_conv, gemm
+    'none' (CUDA-core FMA only), read from the compiled kernels one call launches (every compiled launch of
+    fuser's kernels goes through ``LaunchOptions.launch``, which returns Triton's compiled kernel)."""
+    from fuser.kernels.launch import LaunchOptions
 
-    modules = (conv, depthwise, direct_conv, gemm)
-    seen, originals = [], [m.launch for m in modules]
+    seen, real = [], LaunchOptions.launch
 
-    def recording(real):
-        return lambda *args, **kwargs: seen.append(real(*args, **kwargs))
+    def recording(self, *args, **kwargs):
+        seen.append(real(self, *args, **kwargs))
+        return seen[-1]
 
-    for module, real in zip(modules, originals, strict=True):
-        module.launch = recording(real)
+    LaunchOptions.launch = recording
     try:
         fn()
     finally:
-        for module, real in zip(modules, originals, strict=True):
-            module.launch = real
+        LaunchOptions.launch = real
     ptx = " ".join(k.asm["ptx"] for k in seen if k is not None)
     return "wgmma" if "wgmma.mma_async" in ptx else "mma" if "mma.sync" in ptx else "none"
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import fuser
-from benchmarks import gpu_models, readme_results, zoo_cpu
+from benchmarks import gpu_models, layers, readme_results, zoo_cpu
 from benchmarks.measure import is_conv_or_matmul
 
 
@@ -45,6 +45,33 @@ def test_rel_error_covers_every_tensor_of_nested_outputs() -> None:
 )
 def test_kernel_classifier(name: str, conv: bool) -> None:
     assert is_conv_or_matmul(name) is conv
+
+
+def test_mma_kind_reads_the_kernels_the_launch_point_returns() -> None:
+    """The layer benchmark's tensor-core column reads the PTX of what ``LaunchOptions.launch`` returns (it
+    read a per-module ``launch`` that a refactor removed, and every row became an error)."""
+    from fuser.kernels.launch import LaunchOptions
+
+    class Compiled:
+        def __init__(self, ptx: str) -> None:
+            self.asm = {"ptx": ptx}
+
+    class Kernel:
+        params = ()
+
+        def __init__(self, ptx: str) -> None:
+            self.ptx = ptx
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: Compiled(self.ptx)
+
+    def call(*ptx: str):
+        return lambda: [LaunchOptions({}).launch(Kernel(text), (1,), ()) for text in ptx]
+
+    assert layers.mma_kind(call("ld.global", "wgmma.mma_async.sync.aligned")) == "wgmma"
+    assert layers.mma_kind(call("mma.sync.aligned.m16n8k8")) == "mma"
+    assert layers.mma_kind(call("fma.rn.f32")) == "none"
+    assert LaunchOptions.launch is not None and "recording" not in LaunchOptions.launch.__qualname__
 
 
 def test_optimize_kwargs_follow_the_signature(monkeypatch: pytest.MonkeyPatch) -> None:
