@@ -490,6 +490,7 @@ class _Server:
         return self.process.pid
 
     def _fork(self, theirs: list[tuple[int, int]]) -> int:
+        _wait_key_here()  # no thread of ours is inside an import when this process forks
         for stream in (sys.stdout, sys.stderr):  # else the fork's first write repeats what is buffered here
             with contextlib.suppress(Exception):
                 stream.flush()
@@ -606,6 +607,8 @@ class Workers:
                 warnings.warn(f"fuser: could not start compile workers ({error})", RuntimeWarning, stacklevel=2)
                 break
         self._workers = [worker for server in self._servers for worker in server.workers]
+        if self._workers:
+            _warm_key_here()
 
     def __enter__(self) -> Workers:
         return self
@@ -682,6 +685,7 @@ class Workers:
         (one warning naming each of those, with the worker's error), and report."""
         if self._jobs is None:
             self._jobs = queue.SimpleQueue()
+        _wait_key_here()
         for _ in self._threads:
             self._jobs.put(None)
         for thread in self._threads:
@@ -940,6 +944,29 @@ def _warm_up() -> None:
         from triton.runtime.cache import triton_key
 
         triton_key()
+
+
+_key_thread: threading.Thread | None = None
+
+
+def _warm_key_here() -> None:
+    """Compute Triton's key (``triton_key``, cached) in a thread of this process while optimize() runs its
+    graph passes: the collecting forward's first variant needs it for its cache key (:func:`disk_key`),
+    and it is about 0.5 s of hashing on the H200 machine that would otherwise wait in line there."""
+    global _key_thread
+    if _key_thread is None:
+        with contextlib.suppress(ImportError):
+            from triton.runtime.cache import triton_key
+
+            _key_thread = threading.Thread(target=triton_key, name="fuser-triton-key", daemon=True)
+            _key_thread.start()
+
+
+def _wait_key_here() -> None:
+    """Join :func:`_warm_key_here`'s thread: before this process forks (a thread that imports while the
+    process forks leaves its import lock held in the child), and before optimize() returns."""
+    if _key_thread is not None:
+        _key_thread.join()
 
 
 def _close_all_but(keep: set[int]) -> None:

@@ -413,6 +413,19 @@ def test_workers_are_forked_from_one_process_and_hold_only_their_own_pipes(start
         assert len(set().union(*pipes.values())) == 6, "two workers share a pipe"
 
 
+def test_workers_warm_tritons_key_in_this_process(monkeypatch: pytest.MonkeyPatch):
+    """While the workers start, a thread here computes Triton's key, which the collecting forward's first
+    variant needs (its cache key); it is done before the workers fork and before a compile finishes."""
+    from triton.runtime.cache import triton_key
+
+    monkeypatch.setattr(precompile, "_key_thread", None)
+    triton_key.cache_clear()
+    with precompile.Workers(1) as workers:
+        assert precompile._key_thread is not None and precompile._key_thread.name == "fuser-triton-key"
+        workers.finish()
+        assert not precompile._key_thread.is_alive() and triton_key.cache_info().currsize == 1
+
+
 def test_start_method_setting(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv(precompile.START_ENV, raising=False)
     assert precompile.start_method() == ("fork" if sys.platform.startswith("linux") else "spawn")
