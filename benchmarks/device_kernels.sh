@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED=1 FUSER_CACHE_DIR="$PWD/.fuser_autotune"
 python3 -m pip install --no-deps --no-build-isolation -e . -q 2>&1 | tail -2
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__, torch.version.cuda, torch.cuda.get_device_name())"
 start=$SECONDS
-timeout "${GPU_TEST_S:-240}" python3 -m pytest tests/kernels -m gpu -n 8 -q -p no:cacheprovider ${TEST_FILTER:+-k "$TEST_FILTER"} \
+timeout "${GPU_TEST_S:-240}" python3 -m pytest tests/kernels -m gpu -n 8 -v -rf -p no:cacheprovider ${TEST_FILTER:+-k "$TEST_FILTER"} \
     > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests rc=$? in $((SECONDS - start)) s: $(tail -1 "$OUT/gpu_tests.log")"
 if [ -z "${SKIP_CPU_TESTS:-}" ]; then

@@ -42,6 +42,7 @@ import argparse
 import copy
 import dataclasses
 import datetime
+import hashlib
 import importlib.metadata
 import inspect
 import json
@@ -359,6 +360,23 @@ def run_child(settings: dict[str, Any], spec: tuple[str, int, str], timeout_s: f
     return row
 
 
+SOURCE_FOLDERS = ("fuser", "kernels", "models")
+
+
+def source_digest(root: Path | None = None) -> str:
+    """A digest of fuser's sources as they are on disk (every .py and .json under :data:`SOURCE_FOLDERS`, by
+    relative path): which tree a run measured, also where the git metadata beside the files is not that
+    tree's (the device machine's copy of a working tree). ``python -c "from benchmarks.gpu_models import
+    source_digest; print(source_digest())"`` gives it for a checkout."""
+    root = Path(__file__).resolve().parents[1] if root is None else root
+    digest = hashlib.sha256()
+    for folder in SOURCE_FOLDERS:
+        for path in sorted((root / folder).rglob("*")):
+            if path.suffix in (".py", ".json") and path.is_file() and "__pycache__" not in path.parts:
+                digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
 def versions() -> dict[str, str | None]:
     found: dict[str, str | None] = {"python": platform.python_version(), "torch": torch.__version__}
     found["cuda"] = torch.version.cuda
@@ -376,6 +394,7 @@ def versions() -> dict[str, str | None]:
         )
     except OSError:
         found["fuser_commit"] = None
+    found["fuser_source"] = source_digest()
     return found
 
 

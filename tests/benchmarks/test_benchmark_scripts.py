@@ -74,6 +74,20 @@ def test_mma_kind_reads_the_kernels_the_launch_point_returns() -> None:
     assert LaunchOptions.launch is not None and "recording" not in LaunchOptions.launch.__qualname__
 
 
+def test_source_digest_names_the_tree_on_disk(tmp_path: Path) -> None:
+    """Runs record which sources they measured by content, not by the git metadata beside them."""
+    for folder in gpu_models.SOURCE_FOLDERS:
+        (tmp_path / folder / "sub").mkdir(parents=True)
+        (tmp_path / folder / "sub" / "a.py").write_text(f"x = '{folder}'\n")
+    (tmp_path / "kernels" / "tile_table_sm90.json").write_text("{}\n")
+    first = gpu_models.source_digest(tmp_path)
+    (tmp_path / "fuser" / "notes.md").write_text("not a source")
+    assert gpu_models.source_digest(tmp_path) == first
+    (tmp_path / "kernels" / "tile_table_sm90.json").write_text('{"sm90": 1}\n')
+    assert gpu_models.source_digest(tmp_path) != first
+    assert len(gpu_models.source_digest()) == 12 and gpu_models.versions()["fuser_source"] == gpu_models.source_digest()
+
+
 def test_optimize_kwargs_follow_the_signature(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "tune" not in gpu_models.optimize_kwargs("tf32", True, "default")
 
