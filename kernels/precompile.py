@@ -451,7 +451,9 @@ class _Server:
       child with an error, and ``CUDA_VISIBLE_DEVICES`` is emptied for anything it starts). It keeps only
       its own pipes and log of this process's open files (a file lock or socket of the user's is not held
       open by it), and it never collects the objects it inherited, so no finalizer of this process's
-      (a CUDA tensor's, a file's) runs twice. PyTorch's DataLoader workers are forked the same way.
+      (a CUDA tensor's, a file's) runs twice. PyTorch's DataLoader workers are forked the same way. A
+      fork copies only the thread that forks: a process that compiles Triton kernels in another thread
+      while it calls optimize() should use ``spawn`` (a lock that thread held would stay held in the fork).
     - ``"spawn"``: one fresh interpreter on this process's ``sys.path`` (:func:`worker_main`) imports the
       kernels first, with ``CUDA_VISIBLE_DEVICES`` empty; Inductor's compile workers are made so.
     """
@@ -549,13 +551,13 @@ class _Worker:
         self.jobs = os.fdopen(jobs, "wb")
         self.results = os.fdopen(results, "rb")
         self.ready_at: float | None = None  # time.monotonic() when it had imported the kernels
-        self.boot: dict[str, float] = {}  # its interpreter's steps before that: time.monotonic() at each
+        self.boot: dict[str, float] = {}  # its start's steps before that: time.monotonic() at each
         self.pid: int | None = None
         self.dead = False
 
     def wait_ready(self) -> None:
-        """Read the worker's first message (when it was ready, its process id, its interpreter's boot
-        steps), once."""
+        """Read the worker's first message (when it was ready, its process id, the steps of its start),
+        once."""
         if self.ready_at is None:
             _, self.ready_at, self.pid, self.boot = pickle.load(self.results)
 
@@ -947,6 +949,7 @@ def _warm_up() -> None:
 
 
 _key_thread: threading.Thread | None = None
+_key_lock = threading.Lock()
 
 
 def _warm_key_here() -> None:
@@ -954,8 +957,8 @@ def _warm_key_here() -> None:
     graph passes: the collecting forward's first variant needs it for its cache key (:func:`disk_key`),
     and it is about 0.5 s of hashing on the H200 machine that would otherwise wait in line there."""
     global _key_thread
-    if _key_thread is None:
-        with contextlib.suppress(ImportError):
+    with _key_lock, contextlib.suppress(ImportError):
+        if _key_thread is None:
             from triton.runtime.cache import triton_key
 
             _key_thread = threading.Thread(target=triton_key, name="fuser-triton-key", daemon=True)
