@@ -155,7 +155,7 @@ def optimize(
             if isinstance(t, torch.Tensor):
                 ops.resolve_backend(backend, t.device)  # a backend that cannot run where the inputs are: say so now
     # On CUDA the kernels compile ahead in worker processes (fuser.kernels.precompile; FUSER_COMPILE_WORKERS=0
-    # turns it off), which start importing now, so that they are ready when the passes are done.
+    # turns it off), which start now, so that they are ready when the passes are done.
     ahead = precompile.Ahead(inputs is not None and _on_cuda(inputs) and backend in ("auto", "triton") and not tune)
     working = _working_copy(model, inplace)
     root, report = _run_pipeline(working, inputs, policy, backend)
