@@ -528,7 +528,7 @@ class _Server:
         return " | ".join(lines[-3:]) or "no output"
 
     def close(self) -> None:
-        """Stop it and its workers now (they keep no state; one still importing need not finish). Killed
+        """Stop it and its workers now (they keep no state; one still starting need not finish). Killed
         before their pipes close here: a feeding thread still reading a reply then sees an end of file."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGKILL)
@@ -581,7 +581,7 @@ class _Worker:
 
 
 class Workers:
-    """Compile workers, started (and importing the kernels) as soon as this is made, so that a caller
+    """Compile workers, started (forked, or importing the kernels) as soon as this is made, so that a caller
     that makes it before other work (optimize() before its graph passes) finds them ready. Use as a
     context manager, or :meth:`close` it."""
 
@@ -755,7 +755,7 @@ class CompileReport:
     Where the wall seconds went: ``workers_ready_s``, when the last worker that took a variant had imported
     the kernels, and ``timeline``, per variant in the order they were done ``(kernel, submitted, started,
     done)``, seconds since the workers were started (optimize() starts them before its graph passes): a late
-    ``submitted`` is the collecting forward, a ``started`` long after it a queue or a worker still importing.
+    ``submitted`` is the collecting forward, a ``started`` long after it a queue or a worker still starting.
     ``worker_boot``: for the worker ready last, when it reached each step, on the same clock: started as a
     fork of this process (``fork``) or as an interpreter (its first line, then torch, triton and the kernels
     imported), then Triton's key warmed and the workers forked; ``start``, which of the two
@@ -832,7 +832,7 @@ def last_report() -> CompileReport | None:
 
 class Ahead:
     """Compiling a model's kernels ahead of its first forward, as optimize() does on CUDA: made before
-    the graph passes (the workers start importing), then :meth:`compile` with the example forward, then
+    the graph passes (the workers start), then :meth:`compile` with the example forward, then
     :meth:`close`. Inactive (``enabled=False``, or ``FUSER_COMPILE_WORKERS=0``) it does nothing."""
 
     def __init__(self, enabled: bool) -> None:
