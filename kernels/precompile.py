@@ -469,7 +469,7 @@ class _Server:
         passed = [fd for pair in theirs for fd in pair]
         self.process: subprocess.Popen[bytes] | None = None  # the spawned interpreter (None: a fork)
         try:
-            self.pid = self._fork(theirs) if start == "fork" else self._spawn(env, theirs)
+            self.pid = self._fork(theirs, passed) if start == "fork" else self._spawn(env, theirs, passed)
         except OSError:
             for fd in passed + [fd for pair in ours for fd in pair]:
                 os.close(fd)
@@ -479,19 +479,19 @@ class _Server:
             os.close(fd)
         self.workers = [_Worker(self, jobs_w, results_r) for jobs_w, results_r in ours]
 
-    def _spawn(self, env: dict[str, str], theirs: list[tuple[int, int]]) -> int:
+    def _spawn(self, env: dict[str, str], theirs: list[tuple[int, int]], passed: list[int]) -> int:
         self.process = subprocess.Popen(
             [sys.executable, "-c", _WORKER_BOOT],
             stdin=subprocess.DEVNULL,
             stdout=self.log,
             stderr=self.log,
             env={**env, PIPES_ENV: json.dumps(theirs)},
-            pass_fds=[fd for pair in theirs for fd in pair],
+            pass_fds=passed,
             start_new_session=True,
         )
         return self.process.pid
 
-    def _fork(self, theirs: list[tuple[int, int]]) -> int:
+    def _fork(self, theirs: list[tuple[int, int]], passed: list[int]) -> int:
         _wait_key_here()  # no thread of ours is inside an import when this process forks
         for stream in (sys.stdout, sys.stderr):  # else the fork's first write repeats what is buffered here
             with contextlib.suppress(Exception):
@@ -508,7 +508,7 @@ class _Server:
                 os.dup2(null, 0)
                 os.dup2(self.log.fileno(), 1)
                 os.dup2(self.log.fileno(), 2)
-                _close_all_but({0, 1, 2, self.log.fileno(), *(fd for pair in theirs for fd in pair)})
+                _close_all_but({0, 1, 2, self.log.fileno(), *passed})
                 # this process's streams may be objects that write elsewhere (a notebook's): plain files here
                 sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (ended by os._exit)
                 sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
