@@ -34,6 +34,16 @@ import triton
 import triton.language as tl
 
 from .autotune import Problem, TileConfig, matmul_candidates
+from .conv_boxes import (
+    box_block,
+    box_candidates,
+    box_descriptor_view,
+    box_refusal,
+    box_rows,
+    box_shape_refusal,
+    boxes_by_default,
+    load_tap_box,
+)
 from .conv_choice import ConvKernel, conv_kernel, reduction_order
 from .depthwise import depthwise_candidates, prepare_depthwise
 from .direct_conv import direct_candidates, prepare_direct
@@ -153,24 +163,33 @@ def _conv2d_act_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    BOX_W: tl.constexpr,
 ):
-    pid_m, pid_n = grouped_tile(tl.program_id(0), M, C_OUT_G, BLOCK_M, BLOCK_N, GROUP_M)
+    if BOX_W > 0:  # box tiles (conv_boxes.py): the tile count is per image, boxes padded at its edges
+        box_rows_total = (M // (OH * OW)) * tl.cdiv(OH, BLOCK_M // BOX_W) * tl.cdiv(OW, BOX_W) * BLOCK_M
+        pid_m, pid_n = grouped_tile(tl.program_id(0), box_rows_total, C_OUT_G, BLOCK_M, BLOCK_N, GROUP_M)
+    else:
+        pid_m, pid_n = grouped_tile(tl.program_id(0), M, C_OUT_G, BLOCK_M, BLOCK_N, GROUP_M)
     group = tl.program_id(1)
     split = tl.program_id(2)
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    m_ok = offs_m < M
     n_ok = offs_n < C_OUT_G
     w_row0 = group * C_OUT_G + pid_n * BLOCK_N
     channels = group * C_OUT_G + offs_n
 
     # Output pixel -> (image, oh, ow) -> top-left input coordinate of its receptive field.
-    n_idx, oh, ow = decode_rows(offs_m, m_ok, OH, OW)
+    if BOX_W > 0:
+        offs_m, m_ok, n_idx, oh, ow, box_image, box_oh0, box_ow0 = box_rows(pid_m, OH, OW, BLOCK_M, BOX_W)
+        x_rows = 0  # x_ptr is the box descriptor: no row addresses
+    else:
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_ok = offs_m < M
+        n_idx, oh, ow = decode_rows(offs_m, m_ok, OH, OW)
+        x_rows = x_ptr + n_idx.to(tl.int64) * sx_n + (group * C_IN_G).to(tl.int64) * sx_c
     ih0 = oh * stride_h - pad_top
     iw0 = ow * stride_w - pad_left
-    x_rows = x_ptr + n_idx.to(tl.int64) * sx_n + (group * C_IN_G).to(tl.int64) * sx_c
     ps_img = n_idx.to(tl.int64)[:, None] * sps_n
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -223,19 +242,23 @@ def _conv2d_act_kernel(
             c0 = (step - tap * c_blocks) * BLOCK_K
             kh = tap // KW
             kw = tap - kh * KW
-            ih = ih0 + kh * dil_h
-            iw = iw0 + kw * dil_w
-            row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
             c = c0 + offs_k
             c_ok = c < C_IN_G
-            if VIRTUAL_CAT:
-                a_ptrs = virtual_cat_pointers(x_ptr, x2_ptr, n_idx, ih, iw, c, c0, C_A, sx_n, sx_h, sx_w, sx_c,
-                                              sx2_n, sx2_h, sx2_w, sx2_c, UP)  # fmt: skip
+            if BOX_W > 0:
+                a = load_tap_box(x_ptr, box_image, box_oh0, box_ow0, kh, kw, c0, C_IN_G, stride_h, stride_w,
+                                 pad_top, pad_left, BLOCK_M, BLOCK_K)  # fmt: skip
             else:
-                pix = ih.to(tl.int64) * sx_h + iw.to(tl.int64) * sx_w
-                a_ptrs = x_rows[:, None] + pix[:, None] + (c * sx_c)[None, :]
-            a = load_operand(a_ptrs, row_ok[:, None] & c_ok[None, :], ps_ptr, ps_img,
-                             ((group * C_IN_G + c) * sps_c)[None, :], PROLOGUE)  # fmt: skip
+                ih = ih0 + kh * dil_h
+                iw = iw0 + kw * dil_w
+                row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                if VIRTUAL_CAT:
+                    a_ptrs = virtual_cat_pointers(x_ptr, x2_ptr, n_idx, ih, iw, c, c0, C_A, sx_n, sx_h, sx_w,
+                                                  sx_c, sx2_n, sx2_h, sx2_w, sx2_c, UP)  # fmt: skip
+                else:
+                    pix = ih.to(tl.int64) * sx_h + iw.to(tl.int64) * sx_w
+                    a_ptrs = x_rows[:, None] + pix[:, None] + (c * sx_c)[None, :]
+                a = load_operand(a_ptrs, row_ok[:, None] & c_ok[None, :], ps_ptr, ps_img,
+                                 ((group * C_IN_G + c) * sps_c)[None, :], PROLOGUE)  # fmt: skip
             k_w = tap * C_IN_G + c0
             if USE_DESC:
                 # Columns past this tap's channels belong to the next tap; a's zeros cancel them.
@@ -249,7 +272,8 @@ def _conv2d_act_kernel(
     tile_id = tl.program_id(0) + group * tl.num_programs(0)
     finish_tile(acc, out_ref, ws_ptr, count_ptr, tile_id, offs_m, channels, m_ok, n_ok, pid_m * BLOCK_M,
                 pid_n * BLOCK_N, split, M, stride_wsm, stride_om, bias_ptr, res_ptr, res_rows, sr_c, alpha,
-                scale, HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, ROUND_TF32, USE_DESC, SPLIT_K, SPLIT_TAIL)  # fmt: skip
+                scale, HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, ROUND_TF32, USE_DESC and BOX_W == 0, SPLIT_K,
+                SPLIT_TAIL)  # fmt: skip
 
 
 def conv2d_supported(in_channels: int, out_channels: int, groups: int) -> bool:
@@ -315,7 +339,9 @@ def conv2d_tile_candidates(
     dilation: int | Sequence[int] = (1, 1),
 ) -> list[TileConfig]:
     """Every tile config the launcher may measure or default to for this convolution (first = default),
-    from the candidate list of the kernel it routes to: what a GPU test sweeps to cover all of them."""
+    from the candidate list of the kernel it routes to: what a GPU test sweeps to cover all of them. For a
+    dense channels_last input of the packed weight's dtype on a GPU with tensor descriptors (where box
+    tiles apply, conv_boxes.py); other inputs get the row tiles' list."""
     op = "conv2d_tile_candidates"
     stride, dilation, padding = _pair(op, "stride", stride), _pair(op, "dilation", dilation), _padding4(op, padding)
     n, c_in, h, w = x_shape
@@ -330,6 +356,9 @@ def conv2d_tile_candidates(
         return direct_candidates(c_out // groups)
     if kernel == ConvKernel.GEMM_1X1:
         return gemm_candidates(n * h * w, c_out, c_in, elem)
+    boxes = box_shape_refusal(c_in, c_out, h, w, groups, stride, dilation, elem) is None
+    if kernel == ConvKernel.IMPLICIT_GEMM and boxes and boxes_by_default(n * oh * ow, c_in, stride, ow):
+        return box_candidates(c_in, c_out, ow, stride[1], elem)
     return conv_candidates(n * oh * ow, c_in_g, c_out // groups, weight.k_total, elem, kernel, kh, kw)
 
 
@@ -699,6 +728,15 @@ def prepare_implicit_gemm(
             f"for channel blocks, KW * C_in = {kw * c_in_g} for filter rows, any for flat K), and a GPU with TMA"
         )
     use_desc = can_desc and path != "pointer"
+    # Box tiles (conv_boxes.py) read the activations through a descriptor too: the default for large layers.
+    transformed = scale2 is not None or virtual is not None
+    box_why_not = box_refusal(x, c_out, groups, stride, dilation, w_data.dtype, transformed)
+    if box_why_not is None and (order != ConvKernel.IMPLICIT_GEMM or not use_desc):
+        box_why_not = f"the {order.value} kernel on the {'descriptor' if use_desc else 'pointer'} path"
+    if tile is not None and tile.box_w and box_why_not is not None:
+        raise ValueError(f"{op}: box tiles (tile box_w={tile.box_w}) cannot read {box_why_not}")
+    if tile is not None and tile.box_w and tile.split_k > 1:
+        raise ValueError(f"{op}: box tiles are not split (tile split_k={tile.split_k})")
     res_strides = res4.stride() if res4 is not None else (0, 0, 0, 0)
     scalars = (
         h, w, c_in_g, oh, ow, c_out_g, m, k_total,
@@ -740,8 +778,14 @@ def prepare_implicit_gemm(
         if order == ConvKernel.IMPLICIT_GEMM_ROW_RUNS:  # one K step per filter row, whatever the config
             config = dataclasses.replace(config, block_k=row_block(c_in_g, kw))
         options = call.options(config, SPLIT_TAIL=reduces_in_tail(config))
-        grid = (cdiv(m, config.block_m) * cdiv(c_out_g, config.block_n), groups, config.split_k)
+        if config.box_w:
+            boxes = n * cdiv(oh, config.block_m // config.box_w) * cdiv(ow, config.box_w)
+            grid = (boxes * cdiv(c_out_g, config.block_n), groups, 1)
+        else:
+            grid = (cdiv(m, config.block_m) * cdiv(c_out_g, config.block_n), groups, config.split_k)
         w_block, out_block = [config.block_n, config.block_k], [config.block_m, config.block_n]
+        x_block = box_block(config) if config.box_w else None
+        out_desc = use_desc and not config.box_w  # a box's rows are not one block of the output rows
         split = None
         if config.split_k > 1:
             split = SplitK(config, m, c_out, grid[0] * groups, (oh, ow), res_rows, out_row_stride, epilogue,
@@ -758,7 +802,9 @@ def prepare_implicit_gemm(
         ) -> Any:
             out2 = rows(out_nhwc)
             w_ref = make_descriptor(w, w_block) if use_desc else w
-            out_ref = make_descriptor(out2, out_block) if use_desc else out2
+            out_ref = make_descriptor(out2, out_block) if out_desc else out2
+            if x_block is not None:
+                x = make_descriptor(box_descriptor_view(x, stride), x_block)
             if split is not None:
                 main = lambda ws, counts: call.launch(grid, (x, w_ref, bias32, res4, out_ref, scale2, x2, ws, counts),
                                                       options)  # fmt: skip
@@ -780,7 +826,11 @@ def prepare_implicit_gemm(
         "precision": precision.value,
         "descriptor": use_desc,
     }
-    candidates = conv_candidates(m, c_in_g, c_out_g, k_total, elem, order, kh, kw)
+    if box_why_not is None and boxes_by_default(m, c_in, stride, ow):
+        key["boxes"] = True
+        candidates = box_candidates(c_in, c_out, ow, stride[1], elem)
+    else:
+        candidates = conv_candidates(m, c_in_g, c_out_g, k_total, elem, order, kh, kw)
     across_taps = order != ConvKernel.IMPLICIT_GEMM  # flat K or filter rows: a K step spans taps
     interpret_config = INTERPRET_CONFIG if across_taps or c_in_g > 16 else INTERPRET_CONFIG_NARROW
     x2 = None

@@ -202,7 +202,8 @@ _DESCRIPTOR_DEFAULTS: dict[str, Any] | None = None
 
 
 def make_descriptor(t: torch.Tensor, block_shape: Sequence[int]) -> Any:
-    """A host-side tensor descriptor of ``t`` (which :func:`aligned_2d` has already accepted).
+    """A host-side tensor descriptor of ``t`` (whose alignment the caller checked: :func:`aligned_2d`, or
+    conv_boxes.box_geometry for the implicit GEMM's 5-D activation view).
 
     Built without the dataclass's own validation: it repeats our alignment checks and costs more
     than the rest of the launch on small problems, where the launcher's CPU time is the runtime.

@@ -13,7 +13,12 @@ from dataclasses import dataclass
 class TileConfig:
     """One launch configuration: the tile shape (constexprs), the compiler's warps and stages, and the
     number of slices the reduction is split into (``split_k``, 1 = no split; a kernel without a
-    ``SPLIT_K`` parameter only ever lists configs with 1)."""
+    ``SPLIT_K`` parameter only ever lists configs with 1).
+
+    ``box_w`` > 0 (the implicit GEMM only, conv_boxes.py): the ``block_m`` output pixels of a tile are a
+    box ``block_m // box_w`` rows by ``box_w`` columns of one image, and the activation tile of each filter
+    tap is read through a tensor descriptor (TMA) instead of gathered through pointers. 0: the tile is
+    ``block_m`` consecutive output rows."""
 
     block_m: int
     block_n: int
@@ -22,6 +27,7 @@ class TileConfig:
     num_warps: int = 4
     num_stages: int = 3
     split_k: int = 1
+    box_w: int = 0
 
     def constexprs(self) -> dict[str, int]:
         """The tile's kernel parameters (a launcher passes those its kernel declares; ``split_k`` is the
@@ -31,6 +37,7 @@ class TileConfig:
             "BLOCK_N": self.block_n,
             "BLOCK_K": self.block_k,
             "GROUP_M": self.group_m,
+            "BOX_W": self.box_w,
         }
 
 

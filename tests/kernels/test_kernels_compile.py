@@ -29,6 +29,7 @@ AFFINE_SILU = {"PROLOGUE": 16 + 4}  # tiles.PROLOGUE_AFFINE + Activation.SILU
 def compile_sm90(kernel: Any, pointers: dict[str, str], constexprs: dict[str, Any], warps: int = 4) -> Any:
     """Compile ``kernel`` with the given pointer / descriptor argument types (other arguments i32, or fp32
     for the epilogue scalars) and constexprs, for an H100/H200-class target."""
+    constexprs = {name: value for name, value in constexprs.items() if name in kernel.arg_names}  # tile(): BOX_W
     signature = {}
     for name in kernel.arg_names:
         if name in constexprs:
@@ -59,7 +60,7 @@ def assert_split_reduction(ptx: str, split_k: int, tail: bool = True) -> None:
 def tile(block_m: int, block_n: int, block_k: int, split_k: int, tail: bool = True) -> dict[str, Any]:
     """A tile's constexprs; ``tail``: a split's last program reduces (else splitk.py's reduction kernel)."""
     return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8, "SPLIT_K": split_k,
-            "SPLIT_TAIL": tail}  # fmt: skip
+            "SPLIT_TAIL": tail, "BOX_W": 0}  # fmt: skip
 
 
 @pytest.mark.parametrize(

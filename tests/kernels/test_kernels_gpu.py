@@ -264,6 +264,10 @@ SWEEP_3X3 = [
     ConvCase("depthwise_96_b1", 1, 96, 96, (15, 15), 3, padding=(1, 1, 1, 1), groups=96),
     ConvCase("depthwise_72_k5_s2", 1, 72, 72, (29, 27), 5, stride=2, padding=(2, 2, 2, 2), groups=72),
     ConvCase("dil21_c64", 1, 64, 48, (17, 15), 3, padding=(2, 2, 1, 1), dilation=(2, 1)),
+    # box tiles (conv_boxes.py, the default from BOX_MIN_ROWS output pixels, 64 input channels, stride 1, 64
+    # columns): boxes cut by odd image edges, asymmetric padding, a last channel block partly past C
+    ConvCase("box_c64_75x77", 3, 64, 96, (75, 77), 3, padding=(1, 1, 1, 1)),
+    ConvCase("box_c80_asym_61x67", 5, 80, 56, (61, 67), 3, padding=(0, 2, 1, 1)),
 ]
 
 

@@ -1,0 +1,187 @@
+"""Box tiles of the implicit GEMM: the activation operand read through a tensor descriptor (TMA).
+
+The implicit GEMM's row tiles (conv.py) gather each filter tap's activation tile through pointers, one
+row address per output pixel, masked at the image borders: the loads pass through the registers before
+they reach shared memory, and the address math runs every step. A box tile instead covers
+``BLOCK_M // BOX_W`` output rows by ``BOX_W`` output columns of one image. For a filter tap ``(kh, kw)``
+the inputs those pixels read form a box of the NHWC input too, shifted by the tap: one tensor-descriptor
+load brings it into shared memory, where the tensor cores read it, and the copy engine's out-of-bounds
+zero fill is the conv's zero padding (negative coordinates included). No per-pixel addresses, no masks.
+
+A stride ``s`` conv reads every ``s``-th column: the input is viewed as ``[N, H / sh, sh, W / sw, sw * C]``
+(a free reshape of NHWC when ``sh`` divides H and ``sw`` divides W), so the inputs of a tap lie at a fixed
+row phase and a fixed channel offset ``phase * C`` of a dense box. With ``sw > 1`` a channel block must not
+run past ``C`` into the next phase's channels, so ``BLOCK_K`` divides ``C`` there; with ``sw == 1`` the
+descriptor ends at ``C`` and fills zeros. Dilation, groups, a virtual concatenation and an operand
+prologue keep the row tiles (conv.py).
+
+``box_w`` is a field of the tile config (tile_config.py); :func:`box_candidates` lists the box configs a
+launch may measure, and :func:`box_refusal` says why a launch cannot use them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from .tile_config import TileConfig
+
+# Below this many output pixels a layer has few tiles either way, and the row tiles' split-K candidates
+# fill the SMs instead (box tiles are never split).
+BOX_MIN_ROWS = 16384
+BOX_MIN_CHANNELS = 64  # fewer input channels per tap: slower than the row tiles where measured (boxes_by_default)
+
+
+@triton.jit
+def box_rows(pid_m, OH, OW, BLOCK_M: tl.constexpr, BOX_W: tl.constexpr):
+    """Box tile ``pid_m`` (images, then box rows, then box columns) as output rows: ``(offs_m, m_ok,
+    image, oh, ow)`` per tile row, and the box's first output row and column. Pixels of a box past the
+    image's bottom or right edge are masked (``m_ok``); their rows decode inside the image."""
+    BOX_H: tl.constexpr = BLOCK_M // BOX_W
+    boxes_w = tl.cdiv(OW, BOX_W)
+    per_image = tl.cdiv(OH, BOX_H) * boxes_w
+    image = pid_m // per_image
+    within = pid_m - image * per_image
+    oh0 = (within // boxes_w) * BOX_H
+    ow0 = (within - (within // boxes_w) * boxes_w) * BOX_W
+    i = tl.arange(0, BLOCK_M)
+    oh = oh0 + i // BOX_W
+    ow = ow0 + i % BOX_W
+    m_ok = (oh < OH) & (ow < OW)
+    oh = tl.where(m_ok, oh, 0)
+    ow = tl.where(m_ok, ow, 0)
+    offs_m = (image * OH + oh) * OW + ow
+    n_idx = tl.zeros_like(i) + image
+    return offs_m, m_ok, n_idx, oh, ow, image, oh0, ow0
+
+
+@triton.jit
+def load_tap_box(
+    x_desc,
+    image,
+    oh0,
+    ow0,
+    kh,
+    kw,
+    c0,
+    C_IN,
+    stride_h,
+    stride_w,
+    pad_top,
+    pad_left,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """The ``[BLOCK_M, BLOCK_K]`` activation tile of filter tap ``(kh, kw)``, channels ``c0..``, for the box
+    at output ``(oh0, ow0)`` of ``image``: one load of the 5-D descriptor over ``[N, H / sh, sh, W / sw,
+    sw * C]`` (:func:`box_descriptor`). Input row ``oh * sh + kh - pad_top`` is view row ``oh + qh`` of
+    phase ``rh`` (``qh, rh`` the floor quotient and remainder of ``kh - pad_top`` by ``sh``); columns
+    alike, the column phase selecting a channel offset. Out-of-range view coordinates read zeros."""
+    dh = kh - pad_top
+    dw = kw - pad_left
+    qh = (dh + pad_top * stride_h) // stride_h - pad_top  # floor division: dh >= -pad_top
+    qw = (dw + pad_left * stride_w) // stride_w - pad_left
+    rh = dh - qh * stride_h
+    rw = dw - qw * stride_w
+    a = x_desc.load([image, oh0 + qh, rh, ow0 + qw, rw * C_IN + c0])
+    return tl.reshape(a, [BLOCK_M, BLOCK_K])
+
+
+def box_shape_refusal(
+    c_in: int, c_out: int, h: int, w: int, groups: int, stride: Sequence[int], dilation: Sequence[int], elem: int
+) -> str | None:
+    """Why a conv's shape rules out box tiles (for a dense channels_last input of ``elem``-byte values), or
+    None: they need an ungrouped, undilated conv, stride 1 or 2 dividing the input's height and width (and a
+    multiple of 16 input channels for stride 2 across), and 16-byte rows of input and output channels."""
+    sh, sw = stride
+    if groups != 1:
+        return f"groups={groups} (box tiles are ungrouped)"
+    if tuple(dilation) != (1, 1):
+        return f"dilation {tuple(dilation)} (box tiles are undilated)"
+    if sh not in (1, 2) or sw not in (1, 2) or h % sh or w % sw:
+        return f"stride {tuple(stride)} on a {h}x{w} input (box tiles need stride 1 or 2 dividing the size)"
+    if sw > 1 and c_in % 16:
+        return f"{c_in} input channels with stride 2 across (box tiles need a multiple of 16)"
+    if (c_in * elem) % 16 or (c_out * elem) % 16:
+        return f"{c_in} input / {c_out} output channels of {elem} bytes (box tiles need 16-byte channel rows)"
+    return None
+
+
+def box_refusal(
+    x: torch.Tensor,
+    c_out: int,
+    groups: int,
+    stride: Sequence[int],
+    dilation: Sequence[int],
+    weight_dtype: torch.dtype,
+    transformed: bool,
+) -> str | None:
+    """Why this input cannot be read in box tiles, or None: :func:`box_shape_refusal`, and a dense
+    channels_last ``x`` of the packed weight's dtype (the tile goes to the dot as loaded) at a 16-byte
+    aligned address, with no transformation as it is loaded (``transformed``: a prologue or a virtual
+    concatenation, which need the registers)."""
+    _, c, h, w = x.shape
+    shape = box_shape_refusal(c, c_out, h, w, groups, stride, dilation, x.element_size())
+    if shape is not None:
+        return shape
+    if x.stride() != (h * w * c, 1, w * c, c) or x.data_ptr() % 16:
+        return f"an input with strides {x.stride()} (box tiles read a dense channels_last input, 16-byte aligned)"
+    if x.dtype != weight_dtype:
+        return f"a {x.dtype} input to {weight_dtype} weights (box tiles feed the dot the input as loaded)"
+    if transformed:
+        return "an input prologue or a virtual concatenation (box tiles do not transform the input)"
+    return None
+
+
+def box_descriptor_view(x: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
+    """The 5-D view ``[N, H / sh, sh, W / sw, sw * C]`` of a dense channels_last ``x`` that the box loads
+    address (no copy)."""
+    n, c, h, w = x.shape
+    sh, sw = stride
+    return x.as_strided((n, h // sh, sh, w // sw, sw * c), (h * w * c, sh * w * c, w * c, sw * c, 1))
+
+
+def box_block(config: TileConfig) -> list[int]:
+    """The descriptor's block for ``config``: one image, ``block_m // box_w`` view rows of one phase,
+    ``box_w`` view columns, ``block_k`` channels."""
+    return [1, config.block_m // config.box_w, 1, config.box_w, config.block_k]
+
+
+def box_width(ow: int) -> int:
+    """The box's width for an output ``ow`` columns wide: 16 from 64 columns, else 8 (a multiple of 8 keeps
+    the box's rows whole 128-byte swizzle periods)."""
+    return 16 if ow >= 64 else 8
+
+
+def boxes_by_default(m: int, c_in: int, stride: Sequence[int], ow: int) -> bool:
+    """Whether a conv that box tiles can read takes them by default (else the row tiles): where they were
+    measured faster (benchmarks/box_tiles.py, results/box-tiles-2026-12-03.json, H200, triton 3.6). At stride 1
+    with 64 input channels on an 80-column image, 16-column boxes ran 1.1-1.65x the row tiles' default (batch
+    8 and 32, fp16 and tf32); on narrow images (20x20, 7x7: 8-column boxes) 0.3-0.9x, and at stride 2
+    0.84-1.13x, slower in fp16. With 16 and 32 input channels (YOLOv8n's 160x160 and 80x80 bottlenecks) they
+    made the model's conv time 7% longer at batch 32 fp16 (results/gpu-models-2026-12-03b.json). So: stride 1,
+    at least ``BOX_MIN_CHANNELS`` input channels, 64 output columns and ``BOX_MIN_ROWS`` output pixels."""
+    return m >= BOX_MIN_ROWS and c_in >= BOX_MIN_CHANNELS and tuple(stride) == (1, 1) and box_width(ow) == 16
+
+
+def box_candidates(c_in: int, c_out: int, ow: int, stride_w: int, operand_bytes: int) -> list[TileConfig]:
+    """The box configs a launch may measure (first = default, the fastest of them on every measured layer
+    that boxes are the default for).
+
+    ``block_k`` is 64 channels for 16-bit operands, 32 for float32 (128-byte rows, the widest swizzle),
+    smaller where the input has fewer channels, and a divisor of ``c_in`` for ``stride_w > 1`` (a block must
+    not cross into the next column phase's channels)."""
+    bk = 64 if operand_bytes == 2 else 32
+    while bk > 16 and (bk > triton.next_power_of_2(c_in) or (stride_w > 1 and c_in % bk)):
+        bk //= 2
+    bw = box_width(ow)
+    bn_cap = max(16, triton.next_power_of_2(c_out))
+    out: list[TileConfig] = []
+    for bm, bn, warps, stages in ((128, 128, 8, 3), (128, 64, 4, 4), (64, 128, 4, 4), (128, 256, 8, 3)):
+        config = TileConfig(bm, min(bn, bn_cap), bk, 8, warps, stages, box_w=bw)
+        if config not in out:
+            out.append(config)
+    return out
