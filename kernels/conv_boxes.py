@@ -1,12 +1,13 @@
 """Box tiles of the implicit GEMM: the activation operand read through a tensor descriptor (TMA).
 
 The implicit GEMM's row tiles (conv.py) gather each filter tap's activation tile through pointers, one
-row address per output pixel, masked at the image borders: the loads pass through the registers before
-they reach shared memory, and the address math runs every step. A box tile instead covers
-``BLOCK_M // BOX_W`` output rows by ``BOX_W`` output columns of one image. For a filter tap ``(kh, kw)``
-the inputs those pixels read form a box of the NHWC input too, shifted by the tap: one tensor-descriptor
-load brings it into shared memory, where the tensor cores read it, and the copy engine's out-of-bounds
-zero fill is the conv's zero padding (negative coordinates included). No per-pixel addresses, no masks.
+row address and mask per output pixel and step (triton issues them as cp.async copies into shared
+memory). A box tile instead covers ``BLOCK_M // BOX_W`` output rows by ``BOX_W`` output columns of one
+image. For a filter tap ``(kh, kw)`` the inputs those pixels read form a box of the NHWC input too,
+shifted by the tap: one tensor-descriptor load brings it into shared memory, and the copy engine's
+out-of-bounds zero fill is the conv's zero padding (negative coordinates included). No per-pixel
+addresses, no masks. (Triton 3.6-3.9 then reshape a box of several rows to the dot's tile in the
+registers; a box of one row reaches wgmma from shared memory: benchmarks/box_tiles.py --operands-on-cpu.)
 
 A stride ``s`` conv reads every ``s``-th column: the input is viewed as ``[N, H / sh, sh, W / sw, sw * C]``
 (a free reshape of NHWC when ``sh`` divides H and ``sw`` divides W), so the inputs of a tap lie at a fixed

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import fuser
-from benchmarks import gpu_models, layers, readme_results, zoo_cpu
+from benchmarks import box_tiles, gpu_models, layers, readme_results, zoo_cpu
 from benchmarks.measure import is_conv_or_matmul
 
 
@@ -72,6 +72,28 @@ def test_mma_kind_reads_the_kernels_the_launch_point_returns() -> None:
     assert layers.mma_kind(call("mma.sync.aligned.m16n8k8")) == "mma"
     assert layers.mma_kind(call("fma.rn.f32")) == "none"
     assert LaunchOptions.launch is not None and "recording" not in LaunchOptions.launch.__qualname__
+
+
+def test_box_benchmark_reads_where_the_dot_takes_its_a_operand() -> None:
+    """box_tiles' column of where wgmma reads its A operand comes from the operand types of the TTGIR dot."""
+
+    class Compiled:
+        def __init__(self, dot_types: str) -> None:
+            attributes = "{inputPrecision = 0 : i32, isAsync = true}"  # its " : i32" is not the operand types
+            self.asm = {"ttgir": f"  %acc = ttng.warp_group_dot %a, %w, %c {attributes} : {dot_types} loc(#l)\n"}
+
+    shared = Compiled("!ttg.memdesc<128x64xf16, #shared1, #smem> * !ttg.memdesc<64x128xf16, #shared3, #smem> -> t")
+    registers = Compiled("tensor<128x32xf16, #ttg.dot_op<{opIdx = 0}>> * !ttg.memdesc<32x128xf16, #s, #smem> -> t")
+    assert box_tiles.a_operand([shared]) == "shared"
+    assert box_tiles.a_operand([registers]) == "registers"
+    assert box_tiles.a_operand([shared, registers]) == "registers+shared"
+    assert box_tiles.a_operand([]) == "no wgmma"
+    row = {"layer": "l", "batch": 8, "dtype": "fp16", "cudnn_folded_act_ms": 0.2,
+           "configs": {"rows default": {"ms": 0.2, "rel_error": 1e-4, "a_operand": "registers"},
+                       "box 0": {"ms": 0.1, "rel_error": 2e-4, "a_operand": "shared"},
+                       "box 1": {"error": "OutOfResources: shared memory"}}}  # fmt: skip
+    line = box_tiles.short_line(row)
+    assert "best box 0 (shared) 0.1000" in line and "x rows 2.00" in line and "FAILED box 1" in line
 
 
 def test_source_digest_names_the_tree_on_disk(tmp_path: Path) -> None:

@@ -118,6 +118,36 @@ def test_conv_filter_rows_through_descriptors_compile(split_k: int) -> None:
     assert_split_reduction(compiled.asm["ptx"], split_k)
 
 
+@pytest.mark.parametrize(("dtype", "block_k"), [("fp16", 64), ("fp32", 32)])
+def test_conv_box_tiles_compile_to_pipelined_tma_and_wgmma(dtype: str, block_k: int) -> None:
+    """Box tiles (conv_boxes.py): the activation tile of each tap is a 5-D descriptor load of a box of 8 output
+    rows x 16 columns, issued as asynchronous TMA copies (pipelined across steps) next to the weights', and
+    the dot runs on wgmma; the output leaves through pointers (a box's rows are not one block of the output)."""
+    box = f"tensordesc<{dtype}[1, 8, 1, 16, {block_k}]>"
+    pointers = {"x_ptr": box, "w_ref": f"tensordesc<{dtype}[128, {block_k}]>", "bias_ptr": "*fp32",
+                "res_ptr": f"*{dtype}", "out_ref": f"*{dtype}", "ps_ptr": f"*{dtype}", "x2_ptr": f"*{dtype}",
+                **SPLIT_POINTERS}  # fmt: skip
+    constexprs = {"KH": 3, "KW": 3, "K_ORDER": 0, **EPILOGUE, **NO_PROLOGUE, "VIRTUAL_CAT": False, "UP": 1,
+                  "DOT_PRECISION": "tf32", "UPCAST": False, "USE_DESC": True, **tile(128, 128, block_k, 1),
+                  "BOX_W": 16}  # fmt: skip
+    compiled = compile_sm90(conv._conv2d_act_kernel, pointers, constexprs, warps=8)
+    ttgir = compiled.asm["ttgir"]
+    box_copies = [line for line in ttgir.splitlines() if "async_tma_copy_global_to_local %x_ptr" in line]
+    assert len(box_copies) >= 2, "the box loads are not pipelined TMA copies"
+    assert "wgmma.mma_async" in compiled.asm["ptx"]
+    assert "cp.async.bulk.tensor.2d.global.shared" not in compiled.asm["ptx"]  # no descriptor store of the output
+
+
+def test_box_of_one_row_reaches_wgmma_from_shared_memory() -> None:
+    """A box of one output row loads as ``[1, 1, 1, BOX_W, BLOCK_K]`` and its reshape to the dot's tile only
+    drops unit dimensions: triton keeps it in shared memory, where wgmma reads it (benchmarks/box_tiles.py's
+    check, which also shows that a box of several rows goes through the registers on triton 3.6 and 3.9)."""
+    from benchmarks.box_tiles import operands_on_cpu
+
+    operands = operands_on_cpu(boxes={"1 row x 64": (64, 64)}, dtypes=(("fp16", 64),))["operands"]
+    assert operands == {"fp16 row tiles (pointer gather)": "shared", "fp16 box 1 row x 64": "shared"}
+
+
 def test_split_k_reduction_kernel_compiles() -> None:
     pointers = {"ws_ptr": "*fp32", "bias_ptr": "*fp32", "res_ptr": "*fp16", "out_ptr": "*fp16"}
     constexprs = {"SPLIT_K": 16, **EPILOGUE, "BLOCK_M": 32, "BLOCK_N": 64}
