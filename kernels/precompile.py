@@ -36,8 +36,10 @@ and ``optimize()`` starts them before its graph passes.
 
 A variant a worker fails to compile is named in a warning (kernel, constexprs, warps, stages) and
 compiled in this process instead; where that fails too, its launch raises Triton's error as it would have
-without this module. ``FUSER_COMPILE_WORKERS`` sets the number of workers (``auto``, the default: one per
-core; 0 compiles nothing ahead, see :func:`default_workers`).
+without this module. A worker that does not answer within ``FUSER_COMPILE_TIMEOUT_S`` (default 300 s;
+:func:`compile_timeout`) is stopped and counts as failed on its variant. ``FUSER_COMPILE_WORKERS`` sets
+the number of workers (``auto``, the default: one per core; 0 compiles nothing ahead, see
+:func:`default_workers`).
 
 Without a GPU, :func:`collecting` with ``simulate="sm90"`` lists the variants a model would need on that
 architecture from an interpreter run (fuser.kernels.launch.simulating): how the specializations were
@@ -55,6 +57,7 @@ import json
 import os
 import pickle
 import queue
+import select
 import signal
 import subprocess
 import sys
@@ -77,6 +80,10 @@ from .autotune import Progress
 
 WORKERS_ENV = "FUSER_COMPILE_WORKERS"
 START_ENV = "FUSER_COMPILE_START"  # how the workers start: "fork" or "spawn" (start_method)
+TIMEOUT_ENV = "FUSER_COMPILE_TIMEOUT_S"  # how long a worker may take to answer (compile_timeout)
+# The longest compile measured is about 3 s (the detect head on the CPU machine, under load); a spawned
+# worker's start about 6 s. Five minutes only catches what will never answer.
+DEFAULT_TIMEOUT_S = 300.0
 PIPES_ENV = "FUSER_WORKER_PIPES"  # a worker interpreter's pipe pairs, one per worker (_Server)
 MAX_WORKERS = 32
 
@@ -426,6 +433,20 @@ def default_workers() -> int:
     return max(1, min(MAX_WORKERS, cores))
 
 
+def compile_timeout() -> float:
+    """How long a worker may take to answer (``FUSER_COMPILE_TIMEOUT_S``, default :data:`DEFAULT_TIMEOUT_S`): to
+    be ready, or to compile one variant. A worker past it is stopped and its variant compiled in this process
+    after a warning, like any variant a worker failed on."""
+    value = os.environ.get(TIMEOUT_ENV, "")
+    try:
+        limit = float(value) if value else DEFAULT_TIMEOUT_S
+    except ValueError:
+        raise ValueError(f"{TIMEOUT_ENV} must be a number of seconds, got {value!r}") from None
+    if not limit > 0:
+        raise ValueError(f"{TIMEOUT_ENV} must be a number of seconds above 0, got {value!r}")
+    return limit
+
+
 def start_method() -> str:
     """How compile workers start (``FUSER_COMPILE_START``): ``fork`` (the default where this process can
     fork, on Linux) or ``spawn`` (a fresh interpreter imports the kernels first; elsewhere the only way).
@@ -559,20 +580,37 @@ class _Worker:
         """Read the worker's first message (when it was ready, its process id, the steps of its start),
         once."""
         if self.ready_at is None:
-            _, self.ready_at, self.pid, self.boot = pickle.load(self.results)
+            _, self.ready_at, self.pid, self.boot = self._answer()
 
     def compile(self, variant: Variant) -> Compiled:
         try:
             self.wait_ready()
             pickle.dump(variant, self.jobs)
             self.jobs.flush()
-            status, value = pickle.load(self.results)
+            status, value = self._answer()
+        except TimeoutError as error:  # before OSError, its base class
+            self.dead = True
+            raise RuntimeError(f"{error}: {self.server.log_tail()}") from None
         except (EOFError, OSError, ValueError, pickle.UnpicklingError):
             self.dead = True
             raise RuntimeError(f"the compile worker stopped: {self.server.log_tail()}") from None
         if status != "ok":
             raise RuntimeError(value)
         return value
+
+    def _answer(self) -> Any:
+        """The worker's next message, waited for at most :func:`compile_timeout` seconds; a worker that sends
+        none by then (a compiler that hangs, say) is killed and TimeoutError raised, so that optimize() goes
+        on without it. Messages alternate with requests, so none is ever half in the read buffer when this
+        waits: select() on the pipe sees every byte still to come."""
+        limit = compile_timeout()
+        readable, _, _ = select.select([self.results], [], [], limit)
+        if not readable:
+            if self.pid is not None:
+                with contextlib.suppress(OSError):
+                    os.kill(self.pid, signal.SIGKILL)
+            raise TimeoutError(f"the compile worker sent nothing for {limit:g} s ({TIMEOUT_ENV}) and was stopped")
+        return pickle.load(self.results)
 
     def close(self) -> None:
         for pipe in (self.jobs, self.results):

@@ -15,6 +15,7 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -390,6 +391,65 @@ def test_a_worker_that_dies_is_named_and_the_others_go_on(
     assert sorted(name for name, *_ in report.timeline) == sorted(v.name for v in others)
     events = jit_lookups(monkeypatch, gemm_layer, conv_layer)
     assert all(hit for name, hit in events if name in {"_gemm_act_kernel", "_conv2d_act_kernel"}), events
+
+
+@needs_ptxas
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the workers fork only on Linux")
+def test_a_worker_that_hangs_is_stopped_and_its_variant_compiled_here(
+    triton_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A worker that never answers (a compiler that hangs: here, its kernel's module sleeps on import) is
+    killed after FUSER_COMPILE_TIMEOUT_S, named in the warning, and its variant compiled here; the other
+    worker compiles the rest. Forked workers are ready at once, so a short limit times only the hang (the
+    limit applies the same way to a spawned worker's start)."""
+    monkeypatch.setenv(precompile.START_ENV, "fork")
+    monkeypatch.setenv(precompile.TIMEOUT_ENV, "4")
+    variants = [v for v in collect(gemm_layer, conv_layer) if v.name in {"_gemm_act_kernel", "_conv2d_act_kernel"}]
+    gemm_variant = next(v for v in variants if v.name == "_gemm_act_kernel")
+    others = [v for v in variants if v is not gemm_variant]
+    (tmp_path / "fuser_worker_hangs.py").write_text(
+        "import os, time\n"
+        "if os.environ.get('CUDA_VISIBLE_DEVICES') == '':  # a compile worker: hang\n"
+        "    time.sleep(600)\n"
+        "from fuser.kernels.gemm import _gemm_act_kernel as kernel\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    hanging = dataclasses.replace(gemm_variant, kernel="fuser_worker_hangs:kernel")
+    started = time.monotonic()
+    with precompile.Workers(2) as workers:
+        for worker in workers._workers:
+            worker.wait_ready()
+        pids = {worker.pid for worker in workers._workers}
+        with pytest.warns(RuntimeWarning, match=r"kernel\[.*\].*sent nothing for 4 s \(FUSER_COMPILE_TIMEOUT_S\)"):
+            report = workers.compile([hanging, *others])
+        assert time.monotonic() - started < 60
+        assert report.retried_in_process == 1
+        assert sorted(name for name, *_ in report.timeline) == sorted(v.name for v in others)
+        hung = next(worker for worker in workers._workers if worker.dead)
+        assert hung.pid in pids
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{hung.pid}").exists() and "Z" not in _proc_state(hung.pid):
+            assert time.monotonic() < deadline, "the hung worker was not stopped"
+            time.sleep(0.1)
+
+
+def _proc_state(pid: int) -> str:
+    """The state letter of /proc/PID/stat ("Z": exited, not yet reaped), or "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return ""
+
+
+def test_compile_timeout_is_checked(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv(precompile.TIMEOUT_ENV, raising=False)
+    assert precompile.compile_timeout() == precompile.DEFAULT_TIMEOUT_S
+    monkeypatch.setenv(precompile.TIMEOUT_ENV, "2.5")
+    assert precompile.compile_timeout() == 2.5
+    for bad in ("soon", "0", "-1"):
+        monkeypatch.setenv(precompile.TIMEOUT_ENV, bad)
+        with pytest.raises(ValueError, match="FUSER_COMPILE_TIMEOUT_S must be a number of seconds"):
+            precompile.compile_timeout()
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir() or not hasattr(os, "fork"), reason="reads /proc (Linux)")
