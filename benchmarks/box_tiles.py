@@ -30,29 +30,11 @@ from benchmarks.layers import (
     PRECISION_OF,
     YOLO,
     bench_all,
+    compiled_kernels,
     conv_block,
     fold_bn,
     rel_error,
 )
-
-
-def compiled_kernels(fn) -> list:
-    """Triton's compiled kernels that one call of ``fn`` launches (every compiled launch of fuser's kernels
-    goes through ``LaunchOptions.launch``)."""
-    from fuser.kernels.launch import LaunchOptions
-
-    seen, real = [], LaunchOptions.launch
-
-    def recording(self, *args, **kwargs):
-        seen.append(real(self, *args, **kwargs))
-        return seen[-1]
-
-    LaunchOptions.launch = recording
-    try:
-        fn()
-    finally:
-        LaunchOptions.launch = real
-    return [k for k in seen if k is not None]
 
 
 def a_operand(kernels: list) -> str:

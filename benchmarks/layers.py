@@ -115,10 +115,9 @@ def host_us(fn, calls: int = 200) -> float:
     return elapsed / calls * 1e6
 
 
-def mma_kind(fn) -> str:
-    """Which matrix instructions the fused kernel's PTX holds: 'wgmma' (Hopper), 'mma' (Ampere-style) or
-    'none' (CUDA-core FMA only), read from the compiled kernels one call launches (every compiled launch of
-    fuser's kernels goes through ``LaunchOptions.launch``, which returns Triton's compiled kernel)."""
+def compiled_kernels(fn) -> list:
+    """Triton's compiled kernels that one call of ``fn`` launches (every compiled launch of fuser's kernels goes
+    through ``LaunchOptions.launch``, which returns Triton's compiled kernel)."""
     from fuser.kernels.launch import LaunchOptions
 
     seen, real = [], LaunchOptions.launch
@@ -132,7 +131,13 @@ def mma_kind(fn) -> str:
         fn()
     finally:
         LaunchOptions.launch = real
-    ptx = " ".join(k.asm["ptx"] for k in seen if k is not None)
+    return [k for k in seen if k is not None]
+
+
+def mma_kind(fn) -> str:
+    """Which matrix instructions the fused kernel's PTX holds: 'wgmma' (Hopper), 'mma' (Ampere-style) or
+    'none' (CUDA-core FMA only), read from the compiled kernels one call launches."""
+    ptx = " ".join(k.asm["ptx"] for k in compiled_kernels(fn))
     return "wgmma" if "wgmma.mma_async" in ptx else "mma" if "mma.sync" in ptx else "none"
 
 

@@ -728,7 +728,7 @@ def prepare_implicit_gemm(
             f"for channel blocks, KW * C_in = {kw * c_in_g} for filter rows, any for flat K), and a GPU with TMA"
         )
     use_desc = can_desc and path != "pointer"
-    # Box tiles (conv_boxes.py) read the activations through a descriptor too: the default for large layers.
+    # Box tiles (conv_boxes.py) read the activations through a descriptor too: the default where measured faster.
     transformed = scale2 is not None or virtual is not None
     box_why_not = box_refusal(x, c_out, groups, stride, dilation, w_data.dtype, transformed)
     if box_why_not is None and (order != ConvKernel.IMPLICIT_GEMM or not use_desc):
