@@ -300,6 +300,27 @@ def test_conv_geometry_does_not_split_the_variant():
         assert name not in variants[0].specialized()
 
 
+def box_layer() -> None:
+    """A fused 3x3 conv that takes box tiles on an sm_90 GPU (conv_boxes.boxes_by_default: 64 channels, stride 1,
+    64 output columns, 16384 output pixels): its activations go to the kernel as a 5-D tensor descriptor."""
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(4, 64, 64, 66, generator=gen).to(memory_format=torch.channels_last)
+    w = pack_conv_weight(torch.randn(40, 64, 3, 3, generator=gen), groups=1, precision=Precision("tf32"))
+    conv2d_act(x, w, torch.randn(40, generator=gen), padding=1, epilogue=Epilogue(Activation.SILU), interpret=True)
+
+
+@needs_ptxas
+def test_a_box_tile_layer_is_listed_compiled_ahead_and_found(triton_cache: Path, monkeypatch: pytest.MonkeyPatch):
+    """The listing plans a box-tile launch as the GPU would (box tiles, the activations as a 5-D descriptor);
+    a worker compiles it under the key the JIT then looks up."""
+    monkeypatch.setenv(precompile.START_ENV, "fork" if sys.platform.startswith("linux") else "spawn")
+    (variant,) = collect(box_layer)
+    assert variant.name == "_conv2d_act_kernel" and variant.constexprs()["BOX_W"] == 16
+    report = precompile.compile_variants([variant], workers=1, progress=False)
+    assert report.variants == 1 and report.retried_in_process == 0 and report.key_mismatches == 0
+    assert jit_lookups(monkeypatch, box_layer) == [("_conv2d_act_kernel", True)]
+
+
 def test_a_plan_the_interpreter_made_is_not_listed():
     """The interpreter plans this signature first (its own tile, one stage); the listing plans afresh,
     as on the GPU (the conv candidates all pipeline over at least two stages)."""
