@@ -38,9 +38,10 @@ BOX_MIN_CHANNELS = 64  # fewer input channels per tap: slower than the row tiles
 
 @triton.jit
 def box_rows(pid_m, OH, OW, BLOCK_M: tl.constexpr, BOX_W: tl.constexpr):
-    """Box tile ``pid_m`` (images, then box rows, then box columns) as output rows: ``(offs_m, m_ok,
-    image, oh, ow)`` per tile row, and the box's first output row and column. Pixels of a box past the
-    image's bottom or right edge are masked (``m_ok``); their rows decode inside the image."""
+    """Box tile ``pid_m`` (images, then box rows, then box columns) as output rows: ``offs_m, m_ok, n_idx,
+    oh, ow`` per tile row (``n_idx`` the image, broadcast), then the box's image, first output row and first
+    output column. Pixels of a box past the image's bottom or right edge are masked (``m_ok``); their rows
+    decode inside the image."""
     BOX_H: tl.constexpr = BLOCK_M // BOX_W
     boxes_w = tl.cdiv(OW, BOX_W)
     per_image = tl.cdiv(OH, BOX_H) * boxes_w
@@ -78,7 +79,7 @@ def load_tap_box(
 ):
     """The ``[BLOCK_M, BLOCK_K]`` activation tile of filter tap ``(kh, kw)``, channels ``c0..``, for the box
     at output ``(oh0, ow0)`` of ``image``: one load of the 5-D descriptor over ``[N, H / sh, sh, W / sw,
-    sw * C]`` (:func:`box_descriptor`). Input row ``oh * sh + kh - pad_top`` is view row ``oh + qh`` of
+    sw * C]`` (:func:`box_descriptor_view`). Input row ``oh * sh + kh - pad_top`` is view row ``oh + qh`` of
     phase ``rh`` (``qh, rh`` the floor quotient and remainder of ``kh - pad_top`` by ``sh``); columns
     alike, the column phase selecting a channel offset. Out-of-range view coordinates read zeros."""
     dh = kh - pad_top
