@@ -625,6 +625,7 @@ class Workers:
 
     def __init__(self, count: int | None = None) -> None:
         self.count = default_workers() if count is None else count
+        compile_timeout()  # a malformed limit is the caller's error now, not a worker's failure later
         self._born = time.monotonic()  # the timeline's zero (CompileReport.timeline)
         self._servers: list[_Server] = []
         self._workers: list[_Worker] = []

@@ -471,6 +471,8 @@ def test_compile_timeout_is_checked(monkeypatch: pytest.MonkeyPatch):
         monkeypatch.setenv(precompile.TIMEOUT_ENV, bad)
         with pytest.raises(ValueError, match="FUSER_COMPILE_TIMEOUT_S must be a number of seconds"):
             precompile.compile_timeout()
+    with pytest.raises(ValueError, match="FUSER_COMPILE_TIMEOUT_S"):  # when the workers start, not at a compile
+        precompile.Workers(0)
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir() or not hasattr(os, "fork"), reason="reads /proc (Linux)")
