@@ -356,10 +356,30 @@ def conv2d_tile_candidates(
         return direct_candidates(c_out // groups)
     if kernel == ConvKernel.GEMM_1X1:
         return gemm_candidates(n * h * w, c_out, c_in, elem)
-    boxes = box_shape_refusal(c_in, c_out, h, w, groups, stride, dilation, elem) is None
-    if kernel == ConvKernel.IMPLICIT_GEMM and boxes and boxes_by_default(n * oh * ow, c_in, stride, ow):
-        return box_candidates(c_in, c_out, ow, stride[1], elem)
-    return conv_candidates(n * oh * ow, c_in_g, c_out // groups, weight.k_total, elem, kernel, kh, kw)
+    can_box = kernel == ConvKernel.IMPLICIT_GEMM
+    can_box = can_box and box_shape_refusal(c_in, c_out, h, w, groups, stride, dilation, elem) is None
+    return implicit_gemm_candidates(can_box, n * oh * ow, c_in_g, c_out // groups, weight.k_total, elem, kernel,
+                                    (kh, kw), stride, ow)  # fmt: skip
+
+
+def implicit_gemm_candidates(
+    can_box: bool,
+    m: int,
+    c_in_g: int,
+    c_out_g: int,
+    k_total: int,
+    operand_bytes: int,
+    order: ConvKernel,
+    kernel_size: tuple[int, int],
+    stride: tuple[int, int],
+    ow: int,
+) -> list[TileConfig]:
+    """The implicit GEMM's candidate list (first = default), which the launcher and
+    :func:`conv2d_tile_candidates` both take from here: the box tiles' where boxes can read the input
+    (``can_box``) and :func:`conv_boxes.boxes_by_default` picks them, else the row tiles'."""
+    if can_box and boxes_by_default(m, c_in_g, stride, ow):
+        return box_candidates(c_in_g, c_out_g, ow, stride[1], operand_bytes)
+    return conv_candidates(m, c_in_g, c_out_g, k_total, operand_bytes, order, *kernel_size)
 
 
 VIRTUAL_CAT_ALIGN = 16  # the smallest channel block: the first source's channels must be a multiple of it
@@ -826,11 +846,10 @@ def prepare_implicit_gemm(
         "precision": precision.value,
         "descriptor": use_desc,
     }
-    if box_why_not is None and boxes_by_default(m, c_in, stride, ow):
+    candidates = implicit_gemm_candidates(box_why_not is None, m, c_in_g, c_out_g, k_total, elem, order, (kh, kw),
+                                          stride, ow)  # fmt: skip
+    if candidates[0].box_w:
         key["boxes"] = True
-        candidates = box_candidates(c_in, c_out, ow, stride[1], elem)
-    else:
-        candidates = conv_candidates(m, c_in_g, c_out_g, k_total, elem, order, kh, kw)
     across_taps = order != ConvKernel.IMPLICIT_GEMM  # flat K or filter rows: a K step spans taps
     interpret_config = INTERPRET_CONFIG if across_taps or c_in_g > 16 else INTERPRET_CONFIG_NARROW
     x2 = None
