@@ -1,7 +1,7 @@
 """Tiles and reduction orders of single conv layers on the GPU, against cuDNN, each configuration checked
 against float64: the layers the whole-model timelines named as the slowest for their bytes.
 
-    python -m benchmarks.conv_tile_sweep --out DIR [--budget-s 200] [--only stem,narrow]
+    python -m benchmarks.conv_tile_sweep --out DIR [--budget-s 200] [--only stem,narrow] [--batch32-only]
 
 Two groups of layers (benchmarks/kernel_timeline.py, H200, untuned, batch 32 fp16):
 
@@ -12,6 +12,10 @@ Two groups of layers (benchmarks/kernel_timeline.py, H200, untuned, batch 32 fp1
   K = 16-144) took 20-75 us, 2.5-6x their bytes at 3 TB/s, on tiles with a 64-wide K step over a K of 16 or
   32. Each runs over its candidates plus tiles whose K step is the whole K, 128-256 rows, 4 or 8 warps; with
   the squeeze-excitation channel scale as the operand prologue where the model has it.
+- ``late``: the batch-32 3x3 rows of the layer benchmark slower than cuDNN (results/layers-2026-12-03b.json):
+  YOLO's 256->256 @20 and ResNet's 512->512 @7 (a long K over a grid of 52-200 tiles of 128x128, so a wave of
+  132 SMs is partly idle) and 64->128 stride 2 @160. Each runs over its candidates plus split-K variants of the
+  larger tiles, a 64-wide TF32 K step, and box tiles (conv_boxes.py) on the stride-2 layer.
 
 Timings replay a CUDA graph (fuser.kernels.autotune.do_bench_ms); ``cudnn_ms`` is what torch.compile runs
 for such a block: cuDNN's conv on the folded weights (channels_last), then the activation. Writes
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +48,23 @@ LAYERS: dict[str, list[tuple[str, int, int, int, int, int, int, bool, str]]] = {
         ("effnet_b0.b3.project", 144, 24, 1, 1, 0, 56, True, "none"),
         ("effnet_b0.b4.project", 144, 40, 1, 1, 0, 28, True, "none"),
     ],
+    "late": [
+        ("yolov8.256x3x3@20", 256, 256, 3, 1, 1, 20, False, "silu"),
+        ("resnet50.layer4.3x3@7", 512, 512, 3, 1, 1, 7, False, "relu"),
+        ("yolov8.64->128s2@160", 64, 128, 3, 2, 1, 160, False, "silu"),
+    ],
 }
-REGIMES = [(32, "float16", "fp16"), (1, "float32", "tf32")]
+REGIMES = {"32:float16": (32, "float16", "fp16"), "1:float32": (1, "float32", "tf32"),
+           "32:float32": (32, "float32", "tf32")}  # fmt: skip
 
 
-def extra_tiles(c_in: int, c_out: int) -> list[Any]:
-    """Whole-K tiles for short reductions (K <= 64): 128-256 rows, the output's channels in one or two tiles."""
+def extra_tiles(c_in: int, c_out: int, k: int = 1, stride: int = 1, elem: int = 2) -> list[Any]:
+    """Whole-K tiles for short reductions (K <= 64): 128-256 rows, the output's channels in one or two tiles.
+    For 3x3 convs, :func:`long_k_tiles`."""
     from fuser.kernels.autotune import TileConfig
 
+    if k == 3:
+        return long_k_tiles(c_in, c_out, stride, elem)
     if c_in > 64:
         return []
     bk = max(16, 1 << (c_in - 1).bit_length())
@@ -59,6 +73,25 @@ def extra_tiles(c_in: int, c_out: int) -> list[Any]:
     if bn > 32:
         shapes += [(256, bn // 2, 4, 2), (128, bn // 2, 4, 2)]
     return [TileConfig(bm, n, bk, 8, warps, stages) for bm, n, warps, stages in shapes]
+
+
+def long_k_tiles(c_in: int, c_out: int, stride: int, elem: int) -> list[Any]:
+    """Tiles for 3x3 convs whose grid of 128x128 tiles leaves SMs idle: split-K 1-4 of 64- to 256-wide tiles,
+    TF32 with a 64-wide K step, and at stride 2 box tiles of 16 columns."""
+    from fuser.kernels.autotune import TileConfig
+
+    bk = 64 if elem == 2 else 32
+    bn_cap = max(64, 1 << (c_out - 1).bit_length())
+    shapes = [(128, 128, 8, 4, 1), (128, 128, 8, 4, 2), (128, 128, 8, 3, 3), (128, 128, 8, 3, 4),
+              (64, 128, 4, 4, 1), (64, 128, 4, 4, 2), (64, 128, 4, 4, 3), (128, 64, 4, 4, 2),
+              (64, 256, 8, 3, 1), (64, 256, 8, 3, 2), (128, 256, 8, 3, 2), (64, 64, 4, 4, 4)]  # fmt: skip
+    out = [TileConfig(bm, min(bn, bn_cap), bk, 8, w, s, k) for bm, bn, w, s, k in shapes]
+    if elem == 4:
+        out += [TileConfig(128, min(128, bn_cap), 64, 8, 8, 3, k) for k in (1, 2)]
+    if stride == 2:
+        out += [TileConfig(bm, min(bn, bn_cap), bk, 8, w, s, 1, 16) for bm, bn, w, s in
+                [(64, 128, 4, 4), (128, 128, 8, 3), (128, 64, 4, 4), (64, 128, 4, 3), (128, 128, 4, 4)]]  # fmt: skip
+    return out
 
 
 def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict[str, Any]:
@@ -105,7 +138,12 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
         return {"ms": do_bench_ms(run), "rel_error": err}
 
     call = lambda p: lambda: p(x, packed.data, bias32, None, out, scale)
+    from fuser.kernels import autotune
+
+    chosen_before = set(autotune._memory)  # the default's choice is the one entry its plan adds
     row["default"] = timed(call(plan(None, shipped_min)))
+    added = [choice.config for key, choice in autotune._memory.items() if key not in chosen_before]
+    row["default"]["config"] = asdict(added[-1]) if added else None
     configs: dict[str, Any] = {}
     x_shape = (batch, c_in, size, size)
     for order, row_min in orders.items():
@@ -114,9 +152,11 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
             candidates = conv.conv2d_tile_candidates(x_shape, packed, stride, (pad,) * 4)
         finally:
             conv_choice.ROW_RUN_MIN = shipped_min
-        for tile in dict.fromkeys([*candidates, *extra_tiles(c_in, c_out)]):
+        for tile in dict.fromkeys([*candidates, *extra_tiles(c_in, c_out, k, stride, x.element_size())]):
             label = f"{order}{'-' if order else ''}{tile.block_m}x{tile.block_n}x{tile.block_k}w{tile.num_warps}" + (
-                f"s{tile.num_stages}" + (f"k{tile.split_k}" if tile.split_k > 1 else "")
+                f"s{tile.num_stages}"
+                + (f"k{tile.split_k}" if tile.split_k > 1 else "")
+                + (f"b{tile.box_w}" if tile.box_w else "")
             )
             try:
                 configs[label] = timed(call(plan(tile, row_min)))
@@ -133,6 +173,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--budget-s", type=float, default=200.0)
     parser.add_argument("--only", default="stem,narrow", help="layer groups, comma-separated")
+    parser.add_argument("--regimes", default="32:float16,1:float32", help=f"comma-separated, of {', '.join(REGIMES)}")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     from benchmarks.gpu_models import versions
@@ -141,7 +182,7 @@ def main() -> None:
     header = {"benchmark": "conv_tile_sweep", "date": time.strftime("%Y-%m-%d"),
               "card": torch.cuda.get_device_name(), "versions": versions()}  # fmt: skip
     rows = []
-    for batch, dtype_name, precision in REGIMES:
+    for batch, dtype_name, precision in (REGIMES[name] for name in args.regimes.split(",")):
         for group in args.only.split(","):
             for layer in LAYERS[group]:
                 if time.perf_counter() - start > args.budget_s:
