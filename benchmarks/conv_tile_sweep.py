@@ -77,7 +77,8 @@ def extra_tiles(c_in: int, c_out: int, k: int = 1, stride: int = 1, elem: int = 
 
 def long_k_tiles(c_in: int, c_out: int, stride: int, elem: int) -> list[Any]:
     """Tiles for 3x3 convs whose grid of 128x128 tiles leaves SMs idle: split-K 1-4 of 64- to 256-wide tiles,
-    TF32 with a 64-wide K step, and at stride 2 box tiles of 16 columns."""
+    TF32 with a 64-wide K step, stream-K on two tiles the candidates do not stream, and at stride 2 box tiles
+    of 16 columns."""
     from fuser.kernels.autotune import TileConfig
 
     bk = 64 if elem == 2 else 32
@@ -88,6 +89,8 @@ def long_k_tiles(c_in: int, c_out: int, stride: int, elem: int) -> list[Any]:
     out = [TileConfig(bm, min(bn, bn_cap), bk, 8, w, s, k) for bm, bn, w, s, k in shapes]
     if elem == 4:
         out += [TileConfig(128, min(128, bn_cap), 64, 8, 8, 3, k) for k in (1, 2)]
+    if stride == 1:  # stream-K (conv.py) on the tiles the candidate lists do not stream
+        out += [TileConfig(128, 128, bk, 8, 8, 3, 1, 0, 2), TileConfig(64, min(256, bn_cap), bk, 8, 8, 3, 1, 0, 1)]
     if stride == 2:
         out += [TileConfig(bm, min(bn, bn_cap), bk, 8, w, s, 1, 16) for bm, bn, w, s in
                 [(64, 128, 4, 4), (128, 128, 8, 3), (128, 64, 4, 4), (64, 128, 4, 3), (128, 128, 4, 4)]]  # fmt: skip
@@ -157,6 +160,7 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
                 f"s{tile.num_stages}"
                 + (f"k{tile.split_k}" if tile.split_k > 1 else "")
                 + (f"b{tile.box_w}" if tile.box_w else "")
+                + (f"sk{tile.stream_k}" if tile.stream_k else "")
             )
             try:
                 configs[label] = timed(call(plan(tile, row_min)))

@@ -257,7 +257,9 @@ class Progress:
 
 def _describe(config: TileConfig) -> str:
     text = f"{config.block_m}x{config.block_n}x{config.block_k} w{config.num_warps} s{config.num_stages}"
-    return text + (f" split{config.split_k}" if config.split_k != 1 else "")
+    text += f" split{config.split_k}" if config.split_k != 1 else ""
+    text += f" box{config.box_w}" if config.box_w else ""
+    return text + (f" streamk{config.stream_k}" if config.stream_k else "")
 
 
 # --- the disk cache ---------------------------------------------------------------------------------------

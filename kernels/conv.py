@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .autotune import Problem, TileConfig, matmul_candidates
+from .autotune import Problem, TileConfig, device_facts, matmul_candidates
 from .conv_boxes import (
     box_block,
     box_candidates,
@@ -72,9 +72,18 @@ from .launch import (
 )
 from .packing import PackedConvWeight
 from .precision import dot_acc
-from .splitk import SplitK, reduces_in_tail, split_k_candidates
+from .splitk import (
+    STREAM_K_INTERPRETER_SMS,
+    SplitK,
+    reduces_in_tail,
+    split_k_candidates,
+    stream_k_candidates,
+    stream_k_grid,
+)
 from .tiles import (
+    arrive_and_sum,
     decode_rows,
+    epilogue_store,
     finish_tile,
     grouped_tile,
     load_operand,
@@ -85,6 +94,168 @@ from .tiles import (
 )
 
 
+@triton.jit
+def _implicit_gemm_tile(
+    pid_m,
+    pid_n,
+    group,
+    step_lo,
+    step_hi,
+    x_ptr,
+    w_ref,
+    ps_ptr,
+    x2_ptr,
+    H,
+    W,
+    C_IN_G,
+    OH,
+    OW,
+    C_OUT_G,
+    M,
+    K_TOTAL,
+    stride_h,
+    stride_w,
+    pad_top,
+    pad_left,
+    dil_h,
+    dil_w,
+    sx_n,
+    sx_h,
+    sx_w,
+    sx_c,
+    stride_wn,
+    sps_n,
+    sps_c,
+    C_A,
+    sx2_n,
+    sx2_h,
+    sx2_w,
+    sx2_c,
+    KH: tl.constexpr,
+    KW: tl.constexpr,
+    K_ORDER: tl.constexpr,
+    PROLOGUE: tl.constexpr,
+    VIRTUAL_CAT: tl.constexpr,
+    UP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    USE_DESC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BOX_W: tl.constexpr,
+):
+    """The float32 accumulator of output tile ``(pid_m, pid_n)`` of ``group`` over reduction steps
+    ``[step_lo, step_hi)`` (:func:`reduction_steps` counts them), and the tile's rows and channels:
+    ``(acc, offs_m, m_ok, n_idx, oh, ow, channels, n_ok)``. What one program of a whole, split or stream-K
+    tile computes; the kernel's drivers decide which steps and how the tile ends."""
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_ok = offs_n < C_OUT_G
+    w_row0 = group * C_OUT_G + pid_n * BLOCK_N
+    channels = group * C_OUT_G + offs_n
+
+    # Output pixel -> (image, oh, ow) -> top-left input coordinate of its receptive field.
+    if BOX_W > 0:
+        offs_m, m_ok, n_idx, oh, ow, box_image, box_oh0, box_ow0 = box_rows(pid_m, OH, OW, BLOCK_M, BOX_W)
+        x_rows = 0  # x_ptr is the box descriptor: no row addresses
+    else:
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_ok = offs_m < M
+        n_idx, oh, ow = decode_rows(offs_m, m_ok, OH, OW)
+        x_rows = x_ptr + n_idx.to(tl.int64) * sx_n + (group * C_IN_G).to(tl.int64) * sx_c
+    ih0 = oh * stride_h - pad_top
+    iw0 = ow * stride_w - pad_left
+    ps_img = n_idx.to(tl.int64)[:, None] * sps_n
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if K_ORDER == 2:  # filter rows: the host makes BLOCK_K >= KW * C_IN_G, one step per filter row
+        row_len = KW * C_IN_G
+        kw = offs_k // C_IN_G
+        c = offs_k - kw * C_IN_G
+        r_ok = offs_k < row_len
+        iw = iw0[:, None] + (kw * dil_w)[None, :]
+        col_ok = m_ok[:, None] & r_ok[None, :] & (iw >= 0) & (iw < W)
+        lane = (kw * dil_w).to(tl.int64) * sx_w + (c * sx_c).to(tl.int64)
+        cols = (x_rows + iw0.to(tl.int64) * sx_w)[:, None] + lane[None, :]
+        ps_col = ((group * C_IN_G + c) * sps_c)[None, :]
+        for kh in range(step_lo, step_hi):
+            ih = ih0 + kh * dil_h
+            ok = col_ok & ((ih >= 0) & (ih < H))[:, None]
+            a = load_operand(cols + (ih.to(tl.int64) * sx_h)[:, None], ok, ps_ptr, ps_img, ps_col, PROLOGUE)
+            if USE_DESC:
+                # Columns past this row belong to the next filter row; a's zeros cancel them.
+                w = w_ref.load([w_row0, kh * row_len]).T
+            else:
+                w_ptrs = w_ref + channels[None, :].to(tl.int64) * stride_wn + (kh * row_len + offs_k)[:, None]
+                w = tl.load(w_ptrs, mask=n_ok[None, :] & r_ok[:, None], other=0.0)
+            acc = dot_acc(a, w, acc, DOT_PRECISION, UPCAST)
+    elif K_ORDER == 1:  # flat K
+        for k0 in range(step_lo * BLOCK_K, step_hi * BLOCK_K, BLOCK_K):
+            k = k0 + offs_k
+            tap = k // C_IN_G
+            c = k - tap * C_IN_G
+            kh = tap // KW
+            kw = tap - kh * KW
+            ih = ih0[:, None] + (kh * dil_h)[None, :]
+            iw = iw0[:, None] + (kw * dil_w)[None, :]
+            ok = m_ok[:, None] & (k < K_TOTAL)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            a_ptrs = x_rows[:, None] + ih.to(tl.int64) * sx_h + iw.to(tl.int64) * sx_w + (c * sx_c)[None, :]
+            a = load_operand(a_ptrs, ok, ps_ptr, ps_img, ((group * C_IN_G + c) * sps_c)[None, :], PROLOGUE)
+            if USE_DESC:
+                w = w_ref.load([w_row0, k0]).T
+            else:
+                w_ptrs = w_ref + channels[None, :].to(tl.int64) * stride_wn + k[:, None]
+                w = tl.load(w_ptrs, mask=n_ok[None, :] & (k < K_TOTAL)[:, None], other=0.0)
+            acc = dot_acc(a, w, acc, DOT_PRECISION, UPCAST)
+    else:
+        c_blocks = tl.cdiv(C_IN_G, BLOCK_K)
+        for step in range(step_lo, step_hi):
+            tap = step // c_blocks
+            c0 = (step - tap * c_blocks) * BLOCK_K
+            kh = tap // KW
+            kw = tap - kh * KW
+            c = c0 + offs_k
+            c_ok = c < C_IN_G
+            if BOX_W > 0:
+                a = load_tap_box(x_ptr, box_image, box_oh0, box_ow0, kh, kw, c0, C_IN_G, stride_h, stride_w,
+                                 pad_top, pad_left, BLOCK_M, BLOCK_K)  # fmt: skip
+            else:
+                ih = ih0 + kh * dil_h
+                iw = iw0 + kw * dil_w
+                row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                if VIRTUAL_CAT:
+                    a_ptrs = virtual_cat_pointers(x_ptr, x2_ptr, n_idx, ih, iw, c, c0, C_A, sx_n, sx_h, sx_w,
+                                                  sx_c, sx2_n, sx2_h, sx2_w, sx2_c, UP)  # fmt: skip
+                else:
+                    pix = ih.to(tl.int64) * sx_h + iw.to(tl.int64) * sx_w
+                    a_ptrs = x_rows[:, None] + pix[:, None] + (c * sx_c)[None, :]
+                a = load_operand(a_ptrs, row_ok[:, None] & c_ok[None, :], ps_ptr, ps_img,
+                                 ((group * C_IN_G + c) * sps_c)[None, :], PROLOGUE)  # fmt: skip
+            k_w = tap * C_IN_G + c0
+            if USE_DESC:
+                # Columns past this tap's channels belong to the next tap; a's zeros cancel them.
+                w = w_ref.load([w_row0, k_w]).T
+            else:
+                w_ptrs = w_ref + channels[None, :].to(tl.int64) * stride_wn + (k_w + offs_k)[:, None]
+                w = tl.load(w_ptrs, mask=n_ok[None, :] & c_ok[:, None], other=0.0)
+            acc = dot_acc(a, w, acc, DOT_PRECISION, UPCAST)
+    return acc, offs_m, m_ok, n_idx, oh, ow, channels, n_ok
+
+
+@triton.jit
+def reduction_steps(KH: tl.constexpr, KW: tl.constexpr, C_IN_G, K_TOTAL, K_ORDER: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The reduction's step count in ``K_ORDER``: filter rows, ``BLOCK_K`` columns of flat K, or
+    (tap, channel block) pairs."""
+    if K_ORDER == 2:
+        steps = KH
+    elif K_ORDER == 1:
+        steps = tl.cdiv(K_TOTAL, BLOCK_K)
+    else:
+        steps = KH * KW * tl.cdiv(C_IN_G, BLOCK_K)
+    return steps
+
+
 # Image sizes and the conv geometry vary per layer: not specialized, so layers that differ only in them share
 # one compile. (Triton would compile a stride, padding or dilation of 1 in as a constant and mark a 0 as
 # divisible by 16: that buys nothing here, they enter only the pixel decode, not the channel-contiguous loads.)
@@ -93,8 +264,8 @@ from .tiles import (
 )
 def _conv2d_act_kernel(
     # pointers; w_ref and out_ref are tensor descriptors when USE_DESC; ps_ptr: the prologue's [N, C_in]
-    # factors (tiles.py); ws_ptr and count_ptr, when SPLIT_K > 1: the float32 [SPLIT_K, M, C_out] workspace
-    # and the tiles' int32 arrival counters (tiles.finish_tile)
+    # factors (tiles.py); ws_ptr and count_ptr, when SPLIT_K > 1 or STREAM_K: the float32 [slots, M, C_out]
+    # workspace and the tiles' int32 arrival counters (tiles.arrive_and_sum)
     x_ptr,
     w_ref,
     bias_ptr,
@@ -164,116 +335,72 @@ def _conv2d_act_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     BOX_W: tl.constexpr,
+    STREAM_K: tl.constexpr,
 ):
-    if BOX_W > 0:  # box tiles (conv_boxes.py): the tile count is per image, boxes padded at its edges
-        box_rows_total = (M // (OH * OW)) * tl.cdiv(OH, BLOCK_M // BOX_W) * tl.cdiv(OW, BOX_W) * BLOCK_M
-        pid_m, pid_n = grouped_tile(tl.program_id(0), box_rows_total, C_OUT_G, BLOCK_M, BLOCK_N, GROUP_M)
+    steps = reduction_steps(KH, KW, C_IN_G, K_TOTAL, K_ORDER, BLOCK_K)
+    if STREAM_K:
+        # Stream-K (one group, row tiles): the steps of all tiles, tile after tile, in equal runs per program.
+        # A tile whose steps several programs share: each stores its partial sum in its slot, counted from the
+        # tile's first program, and the last to arrive adds them in slot order and finishes the tile.
+        tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(C_OUT_G, BLOCK_N)
+        work = tiles * steps
+        per = tl.cdiv(work, tl.num_programs(0))
+        it_lo = tl.program_id(0) * per
+        it_hi = tl.minimum(it_lo + per, work)
+        for tile in range(it_lo // steps, tl.cdiv(it_hi, steps)):
+            lo = tl.maximum(it_lo - tile * steps, 0)
+            hi = tl.minimum(it_hi - tile * steps, steps)
+            pid_m, pid_n = grouped_tile(tile, M, C_OUT_G, BLOCK_M, BLOCK_N, GROUP_M)
+            acc, offs_m, m_ok, n_idx, oh, ow, channels, n_ok = _implicit_gemm_tile(
+                pid_m, pid_n, 0, lo, hi, x_ptr, w_ref, ps_ptr, x2_ptr, H, W, C_IN_G, OH, OW, C_OUT_G, M, K_TOTAL,
+                stride_h, stride_w, pad_top, pad_left, dil_h, dil_w, sx_n, sx_h, sx_w, sx_c, stride_wn, sps_n, sps_c,
+                C_A, sx2_n, sx2_h, sx2_w, sx2_c, KH, KW, K_ORDER, PROLOGUE, VIRTUAL_CAT, UP, DOT_PRECISION, UPCAST,
+                USE_DESC, BLOCK_M, BLOCK_N, BLOCK_K, BOX_W,
+            )  # fmt: skip
+            first = tile * steps // per
+            slots = ((tile + 1) * steps - 1) // per - first + 1
+            last = slots == 1
+            if slots > 1:
+                last, acc = arrive_and_sum(acc, ws_ptr, count_ptr, tile, tl.program_id(0) - first, slots, offs_m,
+                                           channels, m_ok, n_ok, M, stride_wsm)  # fmt: skip
+            if last:
+                res_rows = row_offsets(n_idx, oh, ow, sr_n, sr_h, sr_w)
+                epilogue_store(acc, out_ref, offs_m, channels, m_ok, n_ok, pid_m * BLOCK_M, pid_n * BLOCK_N,
+                               stride_om, bias_ptr, res_ptr, res_rows, sr_c, alpha, scale, HAS_BIAS, ACT, RESIDUAL,
+                               HAS_SCALE, ROUND_TF32, USE_DESC)  # fmt: skip
     else:
-        pid_m, pid_n = grouped_tile(tl.program_id(0), M, C_OUT_G, BLOCK_M, BLOCK_N, GROUP_M)
-    group = tl.program_id(1)
-    split = tl.program_id(2)
+        if BOX_W > 0:  # box tiles (conv_boxes.py): the tile count is per image, boxes padded at its edges
+            box_rows_total = (M // (OH * OW)) * tl.cdiv(OH, BLOCK_M // BOX_W) * tl.cdiv(OW, BOX_W) * BLOCK_M
+            pid_m, pid_n = grouped_tile(tl.program_id(0), box_rows_total, C_OUT_G, BLOCK_M, BLOCK_N, GROUP_M)
+        else:
+            pid_m, pid_n = grouped_tile(tl.program_id(0), M, C_OUT_G, BLOCK_M, BLOCK_N, GROUP_M)
+        group = tl.program_id(1)
+        split = tl.program_id(2)
+        lo, hi = split_range(steps, split, 1, SPLIT_K)
+        acc, offs_m, m_ok, n_idx, oh, ow, channels, n_ok = _implicit_gemm_tile(
+            pid_m, pid_n, group, lo, hi, x_ptr, w_ref, ps_ptr, x2_ptr, H, W, C_IN_G, OH, OW, C_OUT_G, M, K_TOTAL,
+            stride_h, stride_w, pad_top, pad_left, dil_h, dil_w, sx_n, sx_h, sx_w, sx_c, stride_wn, sps_n, sps_c,
+            C_A, sx2_n, sx2_h, sx2_w, sx2_c, KH, KW, K_ORDER, PROLOGUE, VIRTUAL_CAT, UP, DOT_PRECISION, UPCAST,
+            USE_DESC, BLOCK_M, BLOCK_N, BLOCK_K, BOX_W,
+        )  # fmt: skip
+        res_rows = row_offsets(n_idx, oh, ow, sr_n, sr_h, sr_w)
+        tile_id = tl.program_id(0) + group * tl.num_programs(0)
+        finish_tile(acc, out_ref, ws_ptr, count_ptr, tile_id, offs_m, channels, m_ok, n_ok, pid_m * BLOCK_M,
+                    pid_n * BLOCK_N, split, M, stride_wsm, stride_om, bias_ptr, res_ptr, res_rows, sr_c, alpha,
+                    scale, HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, ROUND_TF32, USE_DESC and BOX_W == 0, SPLIT_K,
+                    SPLIT_TAIL)  # fmt: skip
 
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    n_ok = offs_n < C_OUT_G
-    w_row0 = group * C_OUT_G + pid_n * BLOCK_N
-    channels = group * C_OUT_G + offs_n
 
-    # Output pixel -> (image, oh, ow) -> top-left input coordinate of its receptive field.
-    if BOX_W > 0:
-        offs_m, m_ok, n_idx, oh, ow, box_image, box_oh0, box_ow0 = box_rows(pid_m, OH, OW, BLOCK_M, BOX_W)
-        x_rows = 0  # x_ptr is the box descriptor: no row addresses
-    else:
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        m_ok = offs_m < M
-        n_idx, oh, ow = decode_rows(offs_m, m_ok, OH, OW)
-        x_rows = x_ptr + n_idx.to(tl.int64) * sx_n + (group * C_IN_G).to(tl.int64) * sx_c
-    ih0 = oh * stride_h - pad_top
-    iw0 = ow * stride_w - pad_left
-    ps_img = n_idx.to(tl.int64)[:, None] * sps_n
-
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if K_ORDER == 2:  # filter rows: the host makes BLOCK_K >= KW * C_IN_G, one step per filter row
-        row_len = KW * C_IN_G
-        kw = offs_k // C_IN_G
-        c = offs_k - kw * C_IN_G
-        r_ok = offs_k < row_len
-        iw = iw0[:, None] + (kw * dil_w)[None, :]
-        col_ok = m_ok[:, None] & r_ok[None, :] & (iw >= 0) & (iw < W)
-        lane = (kw * dil_w).to(tl.int64) * sx_w + (c * sx_c).to(tl.int64)
-        cols = (x_rows + iw0.to(tl.int64) * sx_w)[:, None] + lane[None, :]
-        ps_col = ((group * C_IN_G + c) * sps_c)[None, :]
-        kh_lo, kh_hi = split_range(KH, split, 1, SPLIT_K)
-        for kh in range(kh_lo, kh_hi):
-            ih = ih0 + kh * dil_h
-            ok = col_ok & ((ih >= 0) & (ih < H))[:, None]
-            a = load_operand(cols + (ih.to(tl.int64) * sx_h)[:, None], ok, ps_ptr, ps_img, ps_col, PROLOGUE)
-            if USE_DESC:
-                # Columns past this row belong to the next filter row; a's zeros cancel them.
-                w = w_ref.load([w_row0, kh * row_len]).T
-            else:
-                w_ptrs = w_ref + channels[None, :].to(tl.int64) * stride_wn + (kh * row_len + offs_k)[:, None]
-                w = tl.load(w_ptrs, mask=n_ok[None, :] & r_ok[:, None], other=0.0)
-            acc = dot_acc(a, w, acc, DOT_PRECISION, UPCAST)
-    elif K_ORDER == 1:  # flat K
-        k_lo, k_hi = split_range(K_TOTAL, split, BLOCK_K, SPLIT_K)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            k = k0 + offs_k
-            tap = k // C_IN_G
-            c = k - tap * C_IN_G
-            kh = tap // KW
-            kw = tap - kh * KW
-            ih = ih0[:, None] + (kh * dil_h)[None, :]
-            iw = iw0[:, None] + (kw * dil_w)[None, :]
-            ok = m_ok[:, None] & (k < K_TOTAL)[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            a_ptrs = x_rows[:, None] + ih.to(tl.int64) * sx_h + iw.to(tl.int64) * sx_w + (c * sx_c)[None, :]
-            a = load_operand(a_ptrs, ok, ps_ptr, ps_img, ((group * C_IN_G + c) * sps_c)[None, :], PROLOGUE)
-            if USE_DESC:
-                w = w_ref.load([w_row0, k0]).T
-            else:
-                w_ptrs = w_ref + channels[None, :].to(tl.int64) * stride_wn + k[:, None]
-                w = tl.load(w_ptrs, mask=n_ok[None, :] & (k < K_TOTAL)[:, None], other=0.0)
-            acc = dot_acc(a, w, acc, DOT_PRECISION, UPCAST)
-    else:
-        c_blocks = tl.cdiv(C_IN_G, BLOCK_K)
-        s_lo, s_hi = split_range(KH * KW * c_blocks, split, 1, SPLIT_K)
-        for step in range(s_lo, s_hi):
-            tap = step // c_blocks
-            c0 = (step - tap * c_blocks) * BLOCK_K
-            kh = tap // KW
-            kw = tap - kh * KW
-            c = c0 + offs_k
-            c_ok = c < C_IN_G
-            if BOX_W > 0:
-                a = load_tap_box(x_ptr, box_image, box_oh0, box_ow0, kh, kw, c0, C_IN_G, stride_h, stride_w,
-                                 pad_top, pad_left, BLOCK_M, BLOCK_K)  # fmt: skip
-            else:
-                ih = ih0 + kh * dil_h
-                iw = iw0 + kw * dil_w
-                row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-                if VIRTUAL_CAT:
-                    a_ptrs = virtual_cat_pointers(x_ptr, x2_ptr, n_idx, ih, iw, c, c0, C_A, sx_n, sx_h, sx_w,
-                                                  sx_c, sx2_n, sx2_h, sx2_w, sx2_c, UP)  # fmt: skip
-                else:
-                    pix = ih.to(tl.int64) * sx_h + iw.to(tl.int64) * sx_w
-                    a_ptrs = x_rows[:, None] + pix[:, None] + (c * sx_c)[None, :]
-                a = load_operand(a_ptrs, row_ok[:, None] & c_ok[None, :], ps_ptr, ps_img,
-                                 ((group * C_IN_G + c) * sps_c)[None, :], PROLOGUE)  # fmt: skip
-            k_w = tap * C_IN_G + c0
-            if USE_DESC:
-                # Columns past this tap's channels belong to the next tap; a's zeros cancel them.
-                w = w_ref.load([w_row0, k_w]).T
-            else:
-                w_ptrs = w_ref + channels[None, :].to(tl.int64) * stride_wn + (k_w + offs_k)[:, None]
-                w = tl.load(w_ptrs, mask=n_ok[None, :] & c_ok[:, None], other=0.0)
-            acc = dot_acc(a, w, acc, DOT_PRECISION, UPCAST)
-
-    res_rows = row_offsets(n_idx, oh, ow, sr_n, sr_h, sr_w)
-    tile_id = tl.program_id(0) + group * tl.num_programs(0)
-    finish_tile(acc, out_ref, ws_ptr, count_ptr, tile_id, offs_m, channels, m_ok, n_ok, pid_m * BLOCK_M,
-                pid_n * BLOCK_N, split, M, stride_wsm, stride_om, bias_ptr, res_ptr, res_rows, sr_c, alpha,
-                scale, HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, ROUND_TF32, USE_DESC and BOX_W == 0, SPLIT_K,
-                SPLIT_TAIL)  # fmt: skip
+def reduction_step_count(
+    order: ConvKernel, kernel_size: tuple[int, int], c_in_g: int, k_total: int, block_k: int
+) -> int:
+    """The implicit GEMM's reduction steps per output tile in ``order``, as the kernel counts them
+    (:func:`reduction_steps`)."""
+    if order == ConvKernel.IMPLICIT_GEMM_ROW_RUNS:
+        return kernel_size[0]
+    if order == ConvKernel.IMPLICIT_GEMM_FLAT_K:
+        return cdiv(k_total, block_k)
+    return kernel_size[0] * kernel_size[1] * cdiv(c_in_g, block_k)
 
 
 def conv2d_supported(in_channels: int, out_channels: int, groups: int) -> bool:
@@ -316,9 +443,10 @@ def row_block(c_in_g: int, kw: int) -> int:
 def conv_candidates(
     m: int, c_in_g: int, c_out_g: int, k_total: int, operand_bytes: int, order: ConvKernel, kh: int = 1, kw: int = 1
 ) -> list[TileConfig]:
-    """Tile configs worth measuring for one convolution (first = default), small-grid split-K variants
-    included (splitk.py). ``order`` is the reduction order (conv_choice.reduction_order) and ``kh x kw`` the
-    filter: the channel-block loop walks ``kh * kw`` taps, the filter-row loop ``kh`` rows."""
+    """Tile configs worth measuring for one convolution (first = default), small-grid split-K variants and, in
+    the channel-block order, stream-K variants included (splitk.py). ``order`` is the reduction order
+    (conv_choice.reduction_order) and ``kh x kw`` the filter: the channel-block loop walks ``kh * kw`` taps,
+    the filter-row loop ``kh`` rows."""
     if order == ConvKernel.IMPLICIT_GEMM_FLAT_K:
         bk = min(64, max(16, triton.next_power_of_2(k_total)))
         steps = lambda c: cdiv(k_total, c.block_k)
@@ -328,7 +456,10 @@ def conv_candidates(
     else:
         bk = min(64 if operand_bytes == 2 else 32, max(16, triton.next_power_of_2(c_in_g)))
         steps = lambda c: kh * kw * cdiv(c_in_g, c.block_k)
-    return split_k_candidates(matmul_candidates(m, c_out_g, k_total, bk), m, c_out_g, steps)
+    out = split_k_candidates(matmul_candidates(m, c_out_g, k_total, bk), m, c_out_g, steps)
+    if order == ConvKernel.IMPLICIT_GEMM:
+        out = stream_k_candidates(out, m, c_out_g, steps, operand_bytes)
+    return out
 
 
 def conv2d_tile_candidates(
@@ -757,6 +888,11 @@ def prepare_implicit_gemm(
         raise ValueError(f"{op}: box tiles (tile box_w={tile.box_w}) cannot read {box_why_not}")
     if tile is not None and tile.box_w and tile.split_k > 1:
         raise ValueError(f"{op}: box tiles are not split (tile split_k={tile.split_k})")
+    if tile is not None and tile.stream_k and (tile.box_w or tile.split_k > 1 or groups != 1):
+        raise ValueError(
+            f"{op}: stream-K (tile stream_k={tile.stream_k}) deals the row tiles of one group: not with box_w="
+            f"{tile.box_w}, split_k={tile.split_k} or groups={groups}"
+        )
     res_strides = res4.stride() if res4 is not None else (0, 0, 0, 0)
     scalars = (
         h, w, c_in_g, oh, ow, c_out_g, m, k_total,
@@ -793,20 +929,28 @@ def prepare_implicit_gemm(
     # The runner outlives this call (with_fallback keeps it): it must not hold the example tensors, which a
     # plan first made inside a compiled forward has from that forward's CUDA-graph pool.
     out_row_stride, device, has_bias = out2.stride(0), x.device, bias32 is not None
+    facts = device_facts(device)
+    sm_count = facts[2] if facts is not None and not interpret else STREAM_K_INTERPRETER_SMS
 
     def runner(config: TileConfig) -> Callable[..., Any]:
         if order == ConvKernel.IMPLICIT_GEMM_ROW_RUNS:  # one K step per filter row, whatever the config
             config = dataclasses.replace(config, block_k=row_block(c_in_g, kw))
         options = call.options(config, SPLIT_TAIL=reduces_in_tail(config))
+        split, tiles = None, cdiv(m, config.block_m) * cdiv(c_out_g, config.block_n)
         if config.box_w:
             boxes = n * cdiv(oh, config.block_m // config.box_w) * cdiv(ow, config.box_w)
             grid = (boxes * cdiv(c_out_g, config.block_n), groups, 1)
+        elif config.stream_k:
+            steps = reduction_step_count(order, (kh, kw), c_in_g, k_total, config.block_k)
+            programs, slots = stream_k_grid(config, tiles, steps, sm_count)
+            grid = (programs, 1, 1)
+            split = SplitK(config, m, c_out, tiles, (oh, ow), res_rows, out_row_stride, epilogue, has_bias, device,
+                           interpret, slots)  # fmt: skip
         else:
-            grid = (cdiv(m, config.block_m) * cdiv(c_out_g, config.block_n), groups, config.split_k)
+            grid = (tiles, groups, config.split_k)
         w_block, out_block = [config.block_n, config.block_k], [config.block_m, config.block_n]
         x_block = box_block(config) if config.box_w else None
         out_desc = use_desc and not config.box_w  # a box's rows are not one block of the output rows
-        split = None
         if config.split_k > 1:
             split = SplitK(config, m, c_out, grid[0] * groups, (oh, ow), res_rows, out_row_stride, epilogue,
                            has_bias, device, interpret)  # fmt: skip

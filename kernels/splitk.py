@@ -111,6 +111,20 @@ def _split_k_reduce_kernel(
     store_tile(out_ptr, offs_m, stride_om, offs_n, m_ok, n_ok, y)
 
 
+STREAM_K_INTERPRETER_SMS = 3  # the interpreter has no SMs: a few programs, so that runs cross tile boundaries
+
+
+def stream_k_grid(config: TileConfig, tiles: int, steps: int, sm_count: int) -> tuple[int, int]:
+    """``(programs, slots)`` of a stream-K launch (``config.stream_k`` programs per SM) over ``tiles`` output
+    tiles of ``steps`` reduction steps each: the kernel deals each program ``cdiv(tiles * steps, programs)``
+    consecutive steps, so a tile is shared by at most ``cdiv(steps, per) + 1`` programs, each writing one
+    workspace slot."""
+    work = tiles * steps
+    programs = max(1, min(config.stream_k * sm_count, work))
+    per = cdiv(work, programs)
+    return programs, min(programs, cdiv(steps, per) + 1)
+
+
 def reduces_in_tail(config: TileConfig) -> bool:
     """Whether the last program of each tile adds its partials (``SPLIT_TAIL``), else the reduction kernel."""
     return config.split_k * config.block_m * config.block_n * 4 <= TAIL_MAX_BYTES
@@ -158,7 +172,8 @@ class SplitK:
     the plan's ``tiles`` arrival counters for the current stream and the kernel reduces; else None, and
     the ordered reduction kernel runs next, with the epilogue, into ``out2`` (``[M, N]`` rows, any row
     stride). ``rows`` is ``(OH, OW)`` of the output-row decode and ``res_strides`` the residual's strides as
-    ``(image, oh, ow, channel)``, both as :func:`tiles.decode_rows` reads them.
+    ``(image, oh, ow, channel)``, both as :func:`tiles.decode_rows` reads them. A stream-K plan passes its
+    workspace's ``slots`` (:func:`stream_k_grid`); its kernel always reduces in the tail.
     """
 
     def __init__(
@@ -174,9 +189,10 @@ class SplitK:
         has_bias: bool,
         device: torch.device,
         interpret: bool,
+        slots: int | None = None,
     ) -> None:
-        self.shape, self.tiles, self.device = (config.split_k, m, n), tiles, device
-        self.tail = reduces_in_tail(config)
+        self.shape, self.tiles, self.device = (slots or config.split_k, m, n), tiles, device
+        self.tail = slots is not None or reduces_in_tail(config)
         self._counters: dict[int, torch.Tensor] = {}
         if self.tail:
             return
@@ -263,6 +279,40 @@ def split_k_candidates(
             best = max(long_splits, key=fill)
         out.remove(best)
         out.insert(0, best)
+    return out
+
+
+STREAM_K_BELOW_FILL = 0.9  # stream-K candidates where the default tile's grid keeps less of its waves busy
+MIN_STEPS_FOR_STREAM_K = 16  # a tile of fewer steps is over before a shared tile's fixup pays for itself
+SMEM_PER_SM = 227 * 1024
+
+
+def stream_k_candidates(
+    candidates: Sequence[TileConfig],
+    m: int,
+    n: int,
+    k_steps: Callable[[TileConfig], int],
+    operand_bytes: int,
+    sm_count: int = SM_COUNT,
+) -> list[TileConfig]:
+    """``candidates`` plus stream-K variants (conv.py) of their unsplit tiles of at least 128x128, where the
+    first tile's grid leaves more than a tenth of its waves idle (256->256 3x3 at 20x20 and batch 32: 100
+    tiles of 128x256 on 132 SMs) and its reduction has at least :data:`MIN_STEPS_FOR_STREAM_K` steps. A
+    variant runs two programs per SM where two such CTAs fit in shared memory, else one."""
+    if not candidates:
+        return []
+    first = candidates[0]
+    tiles = cdiv(m, first.block_m) * cdiv(n, first.block_n) * first.split_k
+    if wave_fill(tiles, sm_count) >= STREAM_K_BELOW_FILL or k_steps(first) < MIN_STEPS_FOR_STREAM_K:
+        return list(candidates)
+    out = list(candidates)
+    for c in candidates:
+        if c.split_k > 1 or c.box_w or c.stream_k or c.block_m * c.block_n < 128 * 128:
+            continue
+        smem = c.num_stages * (c.block_m + c.block_n) * c.block_k * operand_bytes
+        variant = replace(c, stream_k=2 if 2 * smem <= SMEM_PER_SM else 1)
+        if variant not in out:
+            out.append(variant)
     return out
 
 

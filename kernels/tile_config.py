@@ -18,7 +18,12 @@ class TileConfig:
     ``box_w`` > 0 (the implicit GEMM only, conv_boxes.py): the ``block_m`` output pixels of a tile are a
     box ``block_m // box_w`` rows by ``box_w`` columns of one image, and the activation tile of each filter
     tap is read through a tensor descriptor (TMA) instead of gathered through pointers. 0: the tile is
-    ``block_m`` consecutive output rows."""
+    ``block_m`` consecutive output rows.
+
+    ``stream_k`` > 0 (the implicit GEMM's row tiles only): stream-K. The grid is ``stream_k`` programs per SM,
+    and the reduction steps of all output tiles together are dealt out to them in equal contiguous runs, so
+    a grid of, say, 100 tiles keeps all 132 SMs busy to the end; a tile whose steps two or more programs
+    share is summed in a fixed order by the last of them to finish (conv.py)."""
 
     block_m: int
     block_n: int
@@ -28,6 +33,7 @@ class TileConfig:
     num_stages: int = 3
     split_k: int = 1
     box_w: int = 0
+    stream_k: int = 0
 
     def constexprs(self) -> dict[str, int]:
         """The tile's kernel parameters (a launcher passes those its kernel declares; ``split_k`` is the
@@ -38,6 +44,7 @@ class TileConfig:
             "BLOCK_K": self.block_k,
             "GROUP_M": self.group_m,
             "BOX_W": self.box_w,
+            "STREAM_K": self.stream_k > 0,
         }
 
 

@@ -174,17 +174,74 @@ def store_tile(out_ptr, offs_m, stride_om, channels, m_ok, n_ok, y):
 
 
 @triton.jit
-def sum_splits(ws_ptr, offs_m, M, ws_row_stride, channels, m_ok, n_ok, SPLIT_K: tl.constexpr):
-    """The ``SPLIT_K`` partial tiles of a split tile, rows ``split * M + m`` of the float32 workspace,
-    added in split order 0, 1, ..., SPLIT_K-1: the same bits whichever program adds them (a tile's last
-    program, or splitk.py's reduction kernel). The loads go to L2 (``.cg``): the partials were written by
-    other SMs, whose stores an L1 line would not show."""
+def sum_splits(ws_ptr, offs_m, M, ws_row_stride, channels, m_ok, n_ok, SPLITS):
+    """The ``SPLITS`` partial tiles of a split tile, rows ``split * M + m`` of the float32 workspace,
+    added in split order 0, 1, ..., SPLITS-1: the same bits whichever program adds them (a tile's last
+    program, or splitk.py's reduction kernel). ``SPLITS`` is a constexpr for split-K and a runtime count
+    for stream-K (conv.py), whose tiles have different numbers of contributors. The loads go to L2
+    (``.cg``): the partials were written by other SMs, whose stores an L1 line would not show."""
     mask = m_ok[:, None] & n_ok[None, :]
     ptrs = ws_ptr + offs_m[:, None].to(tl.int64) * ws_row_stride + channels[None, :]
     acc = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
-    for s in tl.static_range(1, SPLIT_K):
+    for s in range(1, SPLITS):
         acc += tl.load(ptrs + s * M.to(tl.int64) * ws_row_stride, mask=mask, other=0.0, cache_modifier=".cg")
     return acc
+
+
+@triton.jit
+def arrive_and_sum(acc, ws_ptr, count_ptr, tile_id, slot, slots, offs_m, channels, m_ok, n_ok, M, ws_row_stride):
+    """One contributor's part of a tile whose reduction ``slots`` programs share: store the partial sum
+    ``acc`` to workspace slot ``slot`` (rows ``slot * M + m``), count the arrival on ``count_ptr[tile_id]``;
+    the last program to arrive adds the slots in order (:func:`sum_splits`) and sets the counter back to 0
+    for the next launch. Returns ``(last, acc)``, ``acc`` the whole sum where ``last``. No program waits
+    for another.
+
+    The barrier before the count makes every thread's partial stores precede the release of the
+    acquire-release add; the one after it orders the last program's loads after its acquire (the
+    pattern of CUTLASS's serial split-K semaphore)."""
+    store_tile(ws_ptr, slot * M + offs_m, ws_row_stride, channels, m_ok, n_ok, acc)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(count_ptr + tile_id, 1, sem="acq_rel", scope="gpu")
+    tl.debug_barrier()
+    last = arrived == slots - 1
+    if last:
+        acc = sum_splits(ws_ptr, offs_m, M, ws_row_stride, channels, m_ok, n_ok, slots)
+        tl.atomic_xchg(count_ptr + tile_id, 0, sem="relaxed", scope="gpu")
+    return last, acc
+
+
+@triton.jit
+def epilogue_store(
+    acc,
+    out_ref,
+    offs_m,
+    channels,
+    m_ok,
+    n_ok,
+    tile_row,
+    tile_col,
+    stride_om,
+    bias_ptr,
+    res_ptr,
+    res_rows,
+    sr_c,
+    alpha,
+    scale,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    ROUND_TF32: tl.constexpr,
+    USE_DESC: tl.constexpr,
+):
+    """The epilogue of a whole accumulator tile, then its store: through the tensor descriptor ``out_ref``
+    at ``(tile_row, tile_col)`` when ``USE_DESC``, else masked through pointers."""
+    y = epilogue_tile(acc, channels, n_ok, m_ok, bias_ptr, res_ptr, res_rows, sr_c, alpha, scale,
+                      HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, ROUND_TF32)  # fmt: skip
+    if USE_DESC:
+        out_ref.store([tile_row, tile_col], y.to(out_ref.dtype))
+    else:
+        store_tile(out_ref, offs_m, stride_om, channels, m_ok, n_ok, y)
 
 
 @triton.jit
@@ -219,35 +276,21 @@ def finish_tile(
     SPLIT_K: tl.constexpr,
     SPLIT_TAIL: tl.constexpr,
 ):
-    """How a GEMM-style program ends. Whole (``SPLIT_K == 1``): the epilogue, then the store, through the
-    tensor descriptor ``out_ref`` at ``(tile_row, tile_col)`` when ``USE_DESC``, else masked through
-    pointers. Split: the program stores its partial sum to rows ``split * M + m`` of the float32 workspace
-    ``ws_ptr`` (``ws_row_stride`` apart). Then, with ``SPLIT_TAIL``, it counts its arrival on the tile's
-    counter ``count_ptr[tile_id]``, and the tile's last program to arrive adds the partials in split order
-    (:func:`sum_splits`), sets the counter back to 0 for the next launch and runs the epilogue: no second
-    kernel, and no spinning (no program waits for another). Without it splitk.py's reduction kernel does.
-
-    The barrier before the count makes every thread's partial stores precede the release of the
-    acquire-release add; the one after it orders the last program's loads after its acquire (the
-    pattern of CUTLASS's serial split-K semaphore)."""
+    """How a GEMM-style program ends. Whole (``SPLIT_K == 1``): :func:`epilogue_store`. Split: the program
+    stores its partial sum to rows ``split * M + m`` of the float32 workspace ``ws_ptr`` (``ws_row_stride``
+    apart); with ``SPLIT_TAIL`` it counts its arrival and the tile's last program adds the partials in split
+    order and runs the epilogue (:func:`arrive_and_sum`): no second kernel. Without it splitk.py's reduction
+    kernel does."""
     if SPLIT_K > 1:
-        store_tile(ws_ptr, split * M + offs_m, ws_row_stride, channels, m_ok, n_ok, acc)
         if SPLIT_TAIL:
-            tl.debug_barrier()
-            arrived = tl.atomic_add(count_ptr + tile_id, 1, sem="acq_rel", scope="gpu")
-            tl.debug_barrier()
-            last = arrived == SPLIT_K - 1
-            if last:
-                acc = sum_splits(ws_ptr, offs_m, M, ws_row_stride, channels, m_ok, n_ok, SPLIT_K)
-                tl.atomic_xchg(count_ptr + tile_id, 0, sem="relaxed", scope="gpu")
+            last, acc = arrive_and_sum(acc, ws_ptr, count_ptr, tile_id, split, SPLIT_K, offs_m, channels, m_ok,
+                                       n_ok, M, ws_row_stride)  # fmt: skip
         else:
+            store_tile(ws_ptr, split * M + offs_m, ws_row_stride, channels, m_ok, n_ok, acc)
             last = False
     else:
         last = True
     if last:
-        y = epilogue_tile(acc, channels, n_ok, m_ok, bias_ptr, res_ptr, res_rows, sr_c, alpha, scale,
-                          HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, ROUND_TF32)  # fmt: skip
-        if USE_DESC:
-            out_ref.store([tile_row, tile_col], y.to(out_ref.dtype))
-        else:
-            store_tile(out_ref, offs_m, stride_om, channels, m_ok, n_ok, y)
+        epilogue_store(acc, out_ref, offs_m, channels, m_ok, n_ok, tile_row, tile_col, stride_om, bias_ptr, res_ptr,
+                       res_rows, sr_c, alpha, scale, HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, ROUND_TF32,
+                       USE_DESC)  # fmt: skip

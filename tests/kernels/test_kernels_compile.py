@@ -57,10 +57,12 @@ def assert_split_reduction(ptx: str, split_k: int, tail: bool = True) -> None:
         assert "atom." not in ptx
 
 
-def tile(block_m: int, block_n: int, block_k: int, split_k: int, tail: bool = True) -> dict[str, Any]:
+def tile(
+    block_m: int, block_n: int, block_k: int, split_k: int, tail: bool = True, stream_k: bool = False
+) -> dict[str, Any]:
     """A tile's constexprs; ``tail``: a split's last program reduces (else splitk.py's reduction kernel)."""
     return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8, "SPLIT_K": split_k,
-            "SPLIT_TAIL": tail, "BOX_W": 0}  # fmt: skip
+            "SPLIT_TAIL": tail, "BOX_W": 0, "STREAM_K": stream_k}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -116,6 +118,24 @@ def test_conv_filter_rows_through_descriptors_compile(split_k: int) -> None:
     compiled = compile_sm90(conv._conv2d_act_kernel, pointers, constexprs)
     assert "wgmma" in compiled.asm["ptx"] or "mma.sync" in compiled.asm["ptx"]
     assert_split_reduction(compiled.asm["ptx"], split_k)
+
+
+@pytest.mark.parametrize(("dtype", "block_k"), [("fp16", 64), ("fp32", 32)])
+def test_conv_stream_k_compiles_to_pipelined_wgmma_with_an_ordered_fixup(dtype: str, block_k: int) -> None:
+    """Stream-K (conv.py): the tile loop around the reduction loop keeps the inner loop pipelined (several
+    weight tiles in flight through TMA) on wgmma, and a shared tile's fixup counts arrivals with an
+    acquire-release add and reads the partial sums from L2."""
+    pointers = {"x_ptr": f"*{dtype}", "w_ref": f"tensordesc<{dtype}[128, {block_k}]>", "bias_ptr": "*fp32",
+                "res_ptr": f"*{dtype}", "out_ref": f"tensordesc<{dtype}[128, 128]>", "ps_ptr": f"*{dtype}",
+                "x2_ptr": f"*{dtype}", **SPLIT_POINTERS}  # fmt: skip
+    constexprs = {"KH": 3, "KW": 3, "K_ORDER": 0, **EPILOGUE, **NO_PROLOGUE, "VIRTUAL_CAT": False, "UP": 1,
+                  "DOT_PRECISION": "tf32", "UPCAST": False, "USE_DESC": True,
+                  **tile(128, 128, block_k, 1, stream_k=True)}  # fmt: skip
+    compiled = compile_sm90(conv._conv2d_act_kernel, pointers, constexprs, warps=8)
+    assert "wgmma" in compiled.asm["ptx"]
+    assert_split_reduction(compiled.asm["ptx"], 2)
+    weight_copies = [line for line in compiled.asm["ttgir"].splitlines() if "async_tma_copy_global_to_local" in line]
+    assert len(weight_copies) >= 2, "the weight loads are not pipelined TMA copies"
 
 
 @pytest.mark.parametrize(("dtype", "block_k"), [("fp16", 64), ("fp32", 32)])

@@ -268,6 +268,9 @@ SWEEP_3X3 = [
     # columns): boxes cut by odd image edges, asymmetric padding, a last channel block partly past C
     ConvCase("box_c64_75x77", 3, 64, 96, (75, 77), 3, padding=(1, 1, 1, 1)),
     ConvCase("box_c80_asym_61x67", 5, 80, 56, (61, 67), 3, padding=(0, 2, 1, 1)),
+    # Stream-K variants (splitk.stream_k_candidates): 26 tiles of 128x128 over 36 (fp16) or 72 (tf32) steps, the
+    # last row tile partly past M, the channels ending inside the second column tile.
+    ConvCase("streamk_c256_19x17_b5", 5, 256, 200, (19, 17), 3, padding=(1, 1, 1, 1)),
 ]
 
 
