@@ -15,7 +15,8 @@ Two groups of layers (benchmarks/kernel_timeline.py, H200, untuned, batch 32 fp1
 - ``late``: the batch-32 3x3 rows of the layer benchmark slower than cuDNN (results/layers-2026-12-03b.json):
   YOLO's 256->256 @20 and ResNet's 512->512 @7 (a long K over a grid of 52-200 tiles of 128x128, so a wave of
   132 SMs is partly idle) and 64->128 stride 2 @160. Each runs over its candidates plus split-K variants of the
-  larger tiles, a 64-wide TF32 K step, and box tiles (conv_boxes.py) on the stride-2 layer.
+  larger tiles, a 64-wide TF32 K step, stream-K tiles (kernels/tile_config.py) at stride 1, and box tiles
+  (conv_boxes.py) on the stride-2 layer.
 
 Timings replay a CUDA graph (fuser.kernels.autotune.do_bench_ms); ``cudnn_ms`` is what torch.compile runs
 for such a block: cuDNN's conv on the folded weights (channels_last), then the activation. Writes
@@ -77,8 +78,7 @@ def extra_tiles(c_in: int, c_out: int, k: int = 1, stride: int = 1, elem: int = 
 
 def long_k_tiles(c_in: int, c_out: int, stride: int, elem: int) -> list[Any]:
     """Tiles for 3x3 convs whose grid of 128x128 tiles leaves SMs idle: split-K 1-4 of 64- to 256-wide tiles,
-    TF32 with a 64-wide K step, stream-K on two tiles the candidates do not stream, and at stride 2 box tiles
-    of 16 columns."""
+    TF32 with a 64-wide K step, stream-K (at stride 1), and at stride 2 box tiles of 16 columns."""
     from fuser.kernels.autotune import TileConfig
 
     bk = 64 if elem == 2 else 32
@@ -89,8 +89,10 @@ def long_k_tiles(c_in: int, c_out: int, stride: int, elem: int) -> list[Any]:
     out = [TileConfig(bm, min(bn, bn_cap), bk, 8, w, s, k) for bm, bn, w, s, k in shapes]
     if elem == 4:
         out += [TileConfig(128, min(128, bn_cap), 64, 8, 8, 3, k) for k in (1, 2)]
-    if stride == 1:  # stream-K (conv.py) on the tiles the candidate lists do not stream
-        out += [TileConfig(128, 128, bk, 8, 8, 3, 1, 0, 2), TileConfig(64, min(256, bn_cap), bk, 8, 8, 3, 1, 0, 1)]
+    if stride == 1:  # stream-K (conv.py), which no candidate list offers: one or two programs per SM
+        out += [TileConfig(bm, min(bn, bn_cap), bk, 8, w, s, 1, 0, k) for bm, bn, w, s, k in
+                [(128, 128, 8, 4, 1), (128, 128, 4, 4, 1), (128, 128, 8, 3, 2), (64, 256, 8, 3, 1),
+                 (128, 256, 8, 3, 1), (256, 128, 8, 3, 1)]]  # fmt: skip
     if stride == 2:
         out += [TileConfig(bm, min(bn, bn_cap), bk, 8, w, s, 1, 16) for bm, bn, w, s in
                 [(64, 128, 4, 4), (128, 128, 8, 3), (128, 64, 4, 4), (64, 128, 4, 3), (128, 128, 4, 4)]]  # fmt: skip

@@ -77,7 +77,6 @@ from .splitk import (
     SplitK,
     reduces_in_tail,
     split_k_candidates,
-    stream_k_candidates,
     stream_k_grid,
 )
 from .tiles import (
@@ -443,10 +442,10 @@ def row_block(c_in_g: int, kw: int) -> int:
 def conv_candidates(
     m: int, c_in_g: int, c_out_g: int, k_total: int, operand_bytes: int, order: ConvKernel, kh: int = 1, kw: int = 1
 ) -> list[TileConfig]:
-    """Tile configs worth measuring for one convolution (first = default), small-grid split-K variants and, in
-    the channel-block order, stream-K variants included (splitk.py). ``order`` is the reduction order
-    (conv_choice.reduction_order) and ``kh x kw`` the filter: the channel-block loop walks ``kh * kw`` taps,
-    the filter-row loop ``kh`` rows."""
+    """Tile configs worth measuring for one convolution (first = default), small-grid split-K variants
+    included (splitk.py). ``order`` is the reduction order (conv_choice.reduction_order) and ``kh x kw`` the
+    filter: the channel-block loop walks ``kh * kw`` taps, the filter-row loop ``kh`` rows. Stream-K tiles are
+    not listed: measured, they were no faster than these (kernels/NOTES.md version 13)."""
     if order == ConvKernel.IMPLICIT_GEMM_FLAT_K:
         bk = min(64, max(16, triton.next_power_of_2(k_total)))
         steps = lambda c: cdiv(k_total, c.block_k)
@@ -456,10 +455,7 @@ def conv_candidates(
     else:
         bk = min(64 if operand_bytes == 2 else 32, max(16, triton.next_power_of_2(c_in_g)))
         steps = lambda c: kh * kw * cdiv(c_in_g, c.block_k)
-    out = split_k_candidates(matmul_candidates(m, c_out_g, k_total, bk), m, c_out_g, steps)
-    if order == ConvKernel.IMPLICIT_GEMM:
-        out = stream_k_candidates(out, m, c_out_g, steps, operand_bytes)
-    return out
+    return split_k_candidates(matmul_candidates(m, c_out_g, k_total, bk), m, c_out_g, steps)
 
 
 def conv2d_tile_candidates(

@@ -282,40 +282,6 @@ def split_k_candidates(
     return out
 
 
-STREAM_K_BELOW_FILL = 0.9  # stream-K candidates where the default tile's grid keeps less of its waves busy
-MIN_STEPS_FOR_STREAM_K = 16  # a tile of fewer steps is over before a shared tile's fixup pays for itself
-SMEM_PER_SM = 227 * 1024
-
-
-def stream_k_candidates(
-    candidates: Sequence[TileConfig],
-    m: int,
-    n: int,
-    k_steps: Callable[[TileConfig], int],
-    operand_bytes: int,
-    sm_count: int = SM_COUNT,
-) -> list[TileConfig]:
-    """``candidates`` plus stream-K variants (conv.py) of their unsplit tiles of at least 128x128, where the
-    first tile's grid leaves more than a tenth of its waves idle (256->256 3x3 at 20x20 and batch 32: 100
-    tiles of 128x256 on 132 SMs) and its reduction has at least :data:`MIN_STEPS_FOR_STREAM_K` steps. A
-    variant runs two programs per SM where two such CTAs fit in shared memory, else one."""
-    if not candidates:
-        return []
-    first = candidates[0]
-    tiles = cdiv(m, first.block_m) * cdiv(n, first.block_n) * first.split_k
-    if wave_fill(tiles, sm_count) >= STREAM_K_BELOW_FILL or k_steps(first) < MIN_STEPS_FOR_STREAM_K:
-        return list(candidates)
-    out = list(candidates)
-    for c in candidates:
-        if c.split_k > 1 or c.box_w or c.stream_k or c.block_m * c.block_n < 128 * 128:
-            continue
-        smem = c.num_stages * (c.block_m + c.block_n) * c.block_k * operand_bytes
-        variant = replace(c, stream_k=2 if 2 * smem <= SMEM_PER_SM else 1)
-        if variant not in out:
-            out.append(variant)
-    return out
-
-
 def wave_fill(ctas: int, sm_count: int = SM_COUNT) -> float:
     """The fraction of the SMs' time a grid of ``ctas`` equal programs keeps busy (1.0: whole waves)."""
     return ctas / (cdiv(ctas, sm_count) * sm_count)

@@ -23,7 +23,9 @@ class TileConfig:
     ``stream_k`` > 0 (the implicit GEMM's row tiles only): stream-K. The grid is ``stream_k`` programs per SM,
     and the reduction steps of all output tiles together are dealt out to them in equal contiguous runs, so
     a grid of, say, 100 tiles keeps all 132 SMs busy to the end; a tile whose steps two or more programs
-    share is summed in a fixed order by the last of them to finish (conv.py)."""
+    share is summed in a fixed order by the last of them to finish (conv.py). No candidate list offers it:
+    on the layers it was built for it measured no faster than split-K, and tiles of 128x256 no longer fit
+    in shared memory (kernels/NOTES.md version 13); a caller can force it with ``tile=``."""
 
     block_m: int
     block_n: int

@@ -107,22 +107,13 @@ def _matmul_us(problem: Problem, c: TileConfig, sm_count: int, step_factor: floa
     latency = LOAD_LATENCY_US / max(1, c.num_stages - 1)
     epilogue_bytes = c.block_m * c.block_n * 4
 
-    def round_us(r: int, steps: int = k_steps) -> float:
+    def round_us(r: int) -> float:
         # A second resident CTA hides about half of the implicit GEMM's per-step overhead (its gather's address
         # math and issue) under the first one's dots: 128x128 tiles at 2 CTAs per SM ran 1.3x faster per tile
-        # than at 1 on the stride-2 YOLO layer (results/conv-tile-sweep-2026-12-03.json).
+        # than at 1 on YOLO's 64->128 stride-2 layer (results/conv-tile-sweep-2026-12-03.json).
         step = max(r * step_flops / peak, r * step_bytes / port, latency) * (1 + (step_factor - 1) / r)
-        return steps * step * spill + 2 * LOAD_LATENCY_US + r * epilogue_bytes / port
+        return k_steps * step * spill + 2 * LOAD_LATENCY_US + r * epilogue_bytes / port
 
-    if c.stream_k:
-        # Every program runs an equal share of all tiles' steps; a program boundary inside a tile costs a
-        # partial tile written and read back by the tile's last program (splitk.stream_k_grid).
-        programs = max(1, min(c.stream_k * sm_count, tiles * k_steps))
-        resident = min(c.stream_k, occupancy)
-        share = _cdiv(tiles * k_steps, programs)
-        rounds = _cdiv(_cdiv(programs, sm_count), resident)
-        fixup = 2 * programs * epilogue_bytes / HBM_BYTES_PER_US + epilogue_bytes / port + SPLIT_TAIL_US
-        return rounds * round_us(resident, share) + fixup
     total = _busiest_sm_us(_cdiv(tiles, sm_count), occupancy, round_us)
     if split > 1:
         from .splitk import reduces_in_tail  # splitk's launcher imports this module through autotune

@@ -26,6 +26,7 @@ from fuser.kernels import (
     set_cache_dir,
 )
 from fuser.kernels import launch as launch_module
+from fuser.kernels.autotune import TileConfig
 
 pytestmark = pytest.mark.gpu
 
@@ -268,10 +269,37 @@ SWEEP_3X3 = [
     # columns): boxes cut by odd image edges, asymmetric padding, a last channel block partly past C
     ConvCase("box_c64_75x77", 3, 64, 96, (75, 77), 3, padding=(1, 1, 1, 1)),
     ConvCase("box_c80_asym_61x67", 5, 80, 56, (61, 67), 3, padding=(0, 2, 1, 1)),
-    # Stream-K variants (splitk.stream_k_candidates): 26 tiles of 128x128 over 36 (fp16) or 72 (tf32) steps, the
-    # last row tile partly past M, the channels ending inside the second column tile.
-    ConvCase("streamk_c256_19x17_b5", 5, 256, 200, (19, 17), 3, padding=(1, 1, 1, 1)),
+    # 26 tiles of 128x128 over 36 (fp16) or 72 (tf32) steps, the last row tile partly past M, the channels ending
+    # inside the second column tile: small-grid split-K candidates, and the stream-K test below
+    ConvCase("c256_19x17_b5", 5, 256, 200, (19, 17), 3, padding=(1, 1, 1, 1)),
 ]
+
+# Stream-K (conv.py), which no candidate list offers: forced, as benchmarks/conv_tile_sweep.py runs it. One or two
+# programs per SM over 26 tiles: tiles shared by 2-3 programs, their partial sums added by the last to arrive.
+STREAM_K_TILES = [(128, 128, 8, 4, 1), (128, 128, 8, 3, 2), (64, 256, 8, 3, 1), (64, 128, 4, 4, 2)]
+
+
+@pytest.mark.parametrize(
+    ("precision", "dtype"),
+    [("tf32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)],
+    ids=["tf32", "bf16", "fp16"],
+)
+def test_stream_k_on_the_gpu(precision: str, dtype: torch.dtype) -> None:
+    """Against float64, twice in a row (the arrival counters must be back at zero), the same bits both times."""
+    case = next(c for c in SWEEP_3X3 if c.name == "c256_19x17_b5")
+    epilogue = Epilogue(Activation.SILU, residual=Residual.AFTER_ACT)
+    x, w, b, residual = conv_inputs(case, epilogue, dtype, device="cuda")
+    packed = pack_conv_weight(w, precision)
+    ref = conv_reference(x, w, b, case, epilogue, residual)
+    block_k = 32 if dtype == torch.float32 else 64
+    for block_m, block_n, warps, stages, stream_k in STREAM_K_TILES:
+        tile = TileConfig(block_m, block_n, block_k, 8, warps, stages, stream_k=stream_k)
+        first, second = (
+            conv2d_act(x, packed, b, padding=case.padding, epilogue=epilogue, residual=residual, tile=tile)
+            for _ in range(2)
+        )
+        assert torch.equal(first, second), f"{tile}: two launches differ"
+        assert_close(second, ref, precision, f"stream-K {tile}")
 
 
 @pytest.mark.parametrize(

@@ -89,6 +89,20 @@ def test_model_agrees_with_the_h200_measurements_it_was_built_from() -> None:
     assert 2900 < tile_heuristic.estimate_us("gemm_act", Problem(8192, 16384, 4096), big) < 3300  # measured 2.985 ms
 
 
+def test_a_second_resident_cta_wins_on_the_implicit_gemm() -> None:
+    """results/conv-tile-sweep-2026-12-03.json, YOLO's 64->128 3x3 stride 2 at 160x160, batch 32, TF32: 128x128
+    tiles at 3 stages (two CTAs per SM) ran 186 us, 256x128 at 3 stages 240 and 128x128 at 4 stages 246 (one CTA
+    per SM each). The model ranks them in that order, where without the overlap of two CTAs it took 256x128."""
+    problem = Problem(32 * 80 * 80, 128, 576, 1, 4, "tf32")
+    candidates = conv_candidates(problem.m, 64, 128, 576, 4, reduction_order(64, 3), 3, 3)
+    two, wide = TileConfig(128, 128, 32, 8, 8, 3), TileConfig(256, 128, 32, 8, 8, 3)
+    deep = TileConfig(128, 128, 32, 8, 8, 4)
+    assert {two, wide, deep} <= set(candidates)
+    assert tile_heuristic.pick("conv2d_act", candidates, problem) == two
+    estimate = lambda c: tile_heuristic.estimate_us("conv2d_act", problem, c)
+    assert estimate(two) < estimate(wide) < estimate(deep)
+
+
 def test_split_k_wins_where_the_grid_is_small_and_only_there() -> None:
     plain = TileConfig(64, 64, 32, 8, 4, 4)
     candidates = [plain, *(TileConfig(64, 64, 32, 8, 4, 4, split_k=s) for s in (2, 4, 8))]
