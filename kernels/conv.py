@@ -20,7 +20,11 @@ depthwise.py, convs with at most 4 input channels per group (the RGB stem) to th
 direct_conv.py, 1x1 stride-1 unpadded convs to the plain GEMM of gemm.py, everything else (any stride,
 padding, dilation, groups) here. Weights can be read through a tensor descriptor (TMA) and the output
 written through one when their rows are 16-byte aligned and groups == 1; the pointer path takes every
-other case. A tile config with ``split_k > 1`` splits the reduction across programs (splitk.py).
+other case. A tile config with ``split_k > 1`` splits the reduction across programs (splitk.py); one with
+``box_w`` reads the activations as boxes through TMA (conv_boxes.py); one with ``stream_k`` (forced only, see
+tile_config.py) deals every tile's steps out to a fixed grid. One helper computes a tile's accumulator over a
+range of steps, :func:`_implicit_gemm_tile`; the kernel's two drivers choose the tiles and ranges and how each
+tile ends.
 """
 
 from __future__ import annotations

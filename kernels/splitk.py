@@ -21,6 +21,10 @@ a tensor first allocated inside a compiled forward would belong to its CUDA-grap
 
 The candidates come from :func:`split_k_candidates`: for a grid under one wave, the split count that
 brings it to about one wave while every split keeps at least ``MIN_STEPS_PER_SPLIT`` K steps.
+
+Stream-K (``TileConfig.stream_k``, the implicit GEMM only, never a candidate) shares this host side: its grid and
+workspace slots come from :func:`stream_k_grid`, its partial sums go through :class:`SplitK`'s workspace and
+counters, and its kernel always reduces in the tail.
 """
 
 from __future__ import annotations

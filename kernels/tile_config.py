@@ -24,8 +24,8 @@ class TileConfig:
     and the reduction steps of all output tiles together are dealt out to them in equal contiguous runs, so
     a grid of, say, 100 tiles keeps all 132 SMs busy to the end; a tile whose steps two or more programs
     share is summed in a fixed order by the last of them to finish (conv.py). No candidate list offers it:
-    on the layers it was built for it measured no faster than split-K, and tiles of 128x256 no longer fit
-    in shared memory (kernels/NOTES.md version 13); a caller can force it with ``tile=``."""
+    on the layers it was built for it measured no faster than split-K, and its 128x256 tiles do not fit in
+    the H200's shared memory (kernels/NOTES.md version 13); a caller can force it with ``tile=``."""
 
     block_m: int
     block_n: int

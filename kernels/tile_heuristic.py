@@ -13,7 +13,8 @@ divides the reduction, at the price of writing and reducing the partial sums. Tw
 
 - ``matmul`` (implicit-GEMM conv, GEMM): per k-step a CTA waits for the slowest of its tensor-core
   work, its operand bytes through the SM's L2 port, and one load latency divided over the stages in
-  flight. Several CTAs resident on an SM share its tensor cores and port, not the latency.
+  flight. Several CTAs resident on an SM share its tensor cores and port, not the latency, and hide the
+  implicit GEMM's per-step overhead under each other's dots.
 - ``stencil`` (depthwise and direct convs on the CUDA cores): per filter tap a round waits for its
   FMAs or for one load latency, whichever is longer.
 
@@ -108,9 +109,9 @@ def _matmul_us(problem: Problem, c: TileConfig, sm_count: int, step_factor: floa
     epilogue_bytes = c.block_m * c.block_n * 4
 
     def round_us(r: int) -> float:
-        # A second resident CTA hides about half of the implicit GEMM's per-step overhead (its gather's address
-        # math and issue) under the first one's dots: 128x128 tiles at 2 CTAs per SM ran 1.3x faster per tile
-        # than at 1 on YOLO's 64->128 stride-2 layer (results/conv-tile-sweep-2026-12-03.json).
+        # r resident CTAs each pay 1/r of the implicit GEMM's per-step overhead (its gather's address math and
+        # issue), hidden under the others' dots: 128x128 tiles at 2 CTAs per SM ran 1.3x faster per tile than
+        # at 1 on YOLO's 64->128 stride-2 layer (results/conv-tile-sweep-2026-12-03.json).
         step = max(r * step_flops / peak, r * step_bytes / port, latency) * (1 + (step_factor - 1) / r)
         return k_steps * step * spill + 2 * LOAD_LATENCY_US + r * epilogue_bytes / port
 
