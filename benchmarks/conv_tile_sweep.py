@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -172,6 +173,43 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
     ok = {n: v["ms"] for n, v in configs.items() if "ms" in v}
     row["best"] = min(ok, key=ok.get) if ok else None
     return row
+
+
+LABEL = re.compile(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)(?:k(\d+))?(?:b(\d+))?(?:sk(\d+))?")
+KERNEL_NAMES = {"implicit": "conv2d_act", "gemm": "gemm_act"}
+
+
+def cache_entries(result: dict[str, Any], groups: tuple[str, ...] = ("late",)) -> list[dict[str, Any]]:
+    """The rows of a ``conv-tile-sweep.json`` of the layer ``groups`` as autotune cache entries (kernel, problem,
+    every forced config's time; a config that failed to run counts as not running), which
+    ``fuser.kernels.tile_table.build_table`` ranks: what ``benchmarks.tile_table --from-sweep`` adds to the shipped
+    table. Rows of other groups, and configs labelled with a reduction order (the stem's), are left out."""
+    from fuser.kernels.autotune import TileConfig
+    from fuser.kernels.conv_choice import ConvKernel, conv_kernel
+
+    layers = {layer[0]: layer for group in groups for layer in LAYERS[group]}
+    precision = {"float16": ("fp16", 2), "float32": ("tf32", 4), "bfloat16": ("bf16", 2)}
+    entries = []
+    for row in result["rows"]:
+        if row["layer"] not in layers:
+            continue
+        _, c_in, c_out, k, stride, pad, size, _, _ = layers[row["layer"]]
+        kernel = conv_kernel(c_in, c_out, 1, (k, k), (stride, stride), pad)
+        name = KERNEL_NAMES["gemm" if kernel == ConvKernel.GEMM_1X1 else "implicit"]
+        oh = (size + 2 * pad - k) // stride + 1
+        prec, elem = precision[row["dtype"]]
+        timings = []
+        for label, measured in row["configs"].items():
+            match = LABEL.fullmatch(label)
+            if match is None:
+                continue
+            bm, bn, bk, warps, stages, split, box, stream = (int(g) if g else 0 for g in match.groups())
+            config = TileConfig(bm, bn, bk, 8, warps, stages, split or 1, box, stream)
+            timings.append([asdict(config), measured.get("ms")])
+        problem = {"m": row["batch"] * oh * oh, "n": c_out, "k": c_in * k * k, "groups": 1, "operand_bytes": elem,
+                   "precision": prec}  # fmt: skip
+        entries.append({"kernel": name, "problem": problem, "timings_ms": timings})
+    return entries
 
 
 def main() -> None:

@@ -3,6 +3,7 @@
 
     python -m benchmarks.tile_table [--cache DIR] [--out FILE] [--only yolov8n:1:float32 ...]
         [--budget-s 540] [--per-class 2] [--rounds 2] [--rep-ms 40] [--build-only] [--extend TABLE]
+    python -m benchmarks.tile_table --from-sweep results/conv-tile-sweep-*.json [--out FILE]
 
 What it measures: YOLOv8n @640, ResNet-50, EfficientNet-B0 and MobileNetV3-Large @224 (from ultralytics /
 torchvision where installed, else the same architectures from fuser.models; MobileNetV3 only from
@@ -13,6 +14,10 @@ measured launch records every candidate's time in the tile cache (``--cache``). 
 most ``--per-class`` launches per shape class (tile_table.shape_class) are measured; the others take the
 default. The table is then built from every entry of the cache measured on this GPU (tile_table.build_table)
 and written with where it came from; the summary says how far the cost model's pick was from the best.
+
+``--from-sweep FILE ...`` (CPU or GPU) adds the configs that benchmarks/conv_tile_sweep.py forced on single
+layers instead (its 'late' group; each config's best time over the files): a class the sweep measured on every
+shape of gets the sweep's ranking, a new class is added, a class with shapes the sweep did not measure is kept.
 
 A run cut short (``--budget-s``, or the device's limit per call) keeps its measurements in the cache and
 records the items it finished there: the same command again resumes where it stopped. The table is
@@ -149,6 +154,39 @@ def _summary(table: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def merge_sweeps(table: dict[str, Any], sweeps: list[Path], sm_count: int = 132) -> tuple[dict[str, Any], list[str]]:
+    """``table`` with the classes measured by conv_tile_sweep results ``sweeps`` (module docstring), and what
+    was done per class. Measurements of one problem in several files keep each config's best time."""
+    from benchmarks.conv_tile_sweep import cache_entries
+
+    best: dict[tuple[str, str], dict[str, Any]] = {}
+    sources = []
+    for path in sweeps:
+        result = json.loads(path.read_text())
+        sources.append({"file": path.name, "date": result.get("date"), "card": result.get("card"),
+                        "versions": result.get("versions")})  # fmt: skip
+        for entry in cache_entries(result):
+            key = (entry["kernel"], json.dumps(entry["problem"], sort_keys=True))
+            held = best.setdefault(key, {**entry, "timings_ms": []})
+            times = {json.dumps(c, sort_keys=True): t for c, t in held["timings_ms"]}
+            for config, t in entry["timings_ms"]:
+                name = json.dumps(config, sort_keys=True)
+                old_t = times.get(name)
+                times[name] = t if old_t is None else old_t if t is None else min(old_t, t)
+            held["timings_ms"] = [[json.loads(c), t] for c, t in times.items()]
+    built = tile_table.build_table(best.values(), table.get("arch", "sm90"), {}, sm_count)["entries"]
+    entries, done = dict(table["entries"]), []
+    for cls, entry in sorted(built.items()):
+        old = entries.get(cls)
+        if old is not None and not {tuple(s) for s in old["shapes"]} <= {tuple(s) for s in entry["shapes"]}:
+            done.append(f"{cls}: kept (the table also measured {old['shapes']})")
+            continue
+        entries[cls] = entry
+        done.append(f"{cls}: {'replaced' if old is not None else 'added'}")
+    source = {**table.get("source", {}), "sweeps": [*table.get("source", {}).get("sweeps", []), *sources]}
+    return {**table, "entries": entries, "source": source}, done
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -164,7 +202,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--extend", type=Path, default=None, help="a table whose entries are kept for classes this run did not measure"
     )
+    parser.add_argument("--from-sweep", nargs="+", type=Path, help="conv_tile_sweep results to add (no GPU needed)")
     args = parser.parse_args(argv)
+    if args.from_sweep:
+        path = args.out or tile_table.table_path("sm90")
+        table, done = merge_sweeps(json.loads(path.read_text()), args.from_sweep)
+        path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+        print("\n".join(done) + f"\nwrote {path}")
+        return 0
     if not torch.cuda.is_available():
         raise SystemExit("tile_table: needs a CUDA GPU")
     os.environ.pop("FUSER_AUTOTUNE", None)  # "0" would switch the measuring off

@@ -82,6 +82,7 @@ from .splitk import (
     reduces_in_tail,
     split_k_candidates,
     stream_k_grid,
+    wide_split_candidates,
 )
 from .tiles import (
     arrive_and_sum,
@@ -446,10 +447,11 @@ def row_block(c_in_g: int, kw: int) -> int:
 def conv_candidates(
     m: int, c_in_g: int, c_out_g: int, k_total: int, operand_bytes: int, order: ConvKernel, kh: int = 1, kw: int = 1
 ) -> list[TileConfig]:
-    """Tile configs worth measuring for one convolution (first = default), small-grid split-K variants
-    included (splitk.py). ``order`` is the reduction order (conv_choice.reduction_order) and ``kh x kw`` the
-    filter: the channel-block loop walks ``kh * kw`` taps, the filter-row loop ``kh`` rows. Stream-K tiles are
-    not listed: measured, they were no faster than these (kernels/NOTES.md version 13)."""
+    """Tile configs worth measuring for one convolution (first = default), small-grid split-K variants and,
+    in the channel-block order, the widest tiles split in two included (splitk.py). ``order`` is the reduction
+    order (conv_choice.reduction_order) and ``kh x kw`` the filter: the channel-block loop walks ``kh * kw``
+    taps, the filter-row loop ``kh`` rows. Stream-K tiles are not listed: measured, they were no faster than
+    these (kernels/NOTES.md version 13)."""
     if order == ConvKernel.IMPLICIT_GEMM_FLAT_K:
         bk = min(64, max(16, triton.next_power_of_2(k_total)))
         steps = lambda c: cdiv(k_total, c.block_k)
@@ -459,7 +461,8 @@ def conv_candidates(
     else:
         bk = min(64 if operand_bytes == 2 else 32, max(16, triton.next_power_of_2(c_in_g)))
         steps = lambda c: kh * kw * cdiv(c_in_g, c.block_k)
-    return split_k_candidates(matmul_candidates(m, c_out_g, k_total, bk), m, c_out_g, steps)
+    candidates = split_k_candidates(matmul_candidates(m, c_out_g, k_total, bk), m, c_out_g, steps)
+    return wide_split_candidates(candidates, m, c_out_g, steps) if order == ConvKernel.IMPLICIT_GEMM else candidates
 
 
 def conv2d_tile_candidates(

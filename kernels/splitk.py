@@ -286,6 +286,31 @@ def split_k_candidates(
     return out
 
 
+def wide_split_candidates(
+    candidates: Sequence[TileConfig],
+    m: int,
+    n: int,
+    k_steps: Callable[[TileConfig], int],
+    sm_count: int = SM_COUNT,
+) -> list[TileConfig]:
+    """``candidates`` plus the widest unsplit tile split in two, and a 64-row tile as wide split in two, where
+    that tile's grid is under one wave and its reduction at least :data:`MIN_STEPS_FOR_DEFAULT_SPLIT` steps
+    long: the fastest configs measured on YOLO's 256->256 3x3 at 20x20 and ResNet's 512->512 at 7x7, batch 32
+    (results/conv-tile-sweep-2026-12-03.json: 128x256 and 64x256 split in two). Appended, so the list's own
+    default stands; the shipped table picks them where it measured them."""
+    plain = [c for c in candidates if c.split_k == 1 and not c.box_w and not c.stream_k]
+    if not plain:
+        return list(candidates)
+    widest = max(plain, key=lambda c: c.block_m * c.block_n)  # max keeps the first of equals
+    if cdiv(m, widest.block_m) * cdiv(n, widest.block_n) >= sm_count or k_steps(widest) < MIN_STEPS_FOR_DEFAULT_SPLIT:
+        return list(candidates)
+    out = list(candidates)
+    for config in (replace(widest, split_k=2), TileConfig(64, widest.block_n, widest.block_k, 8, 8, 3, split_k=2)):
+        if config not in out:
+            out.append(config)
+    return out
+
+
 def wave_fill(ctas: int, sm_count: int = SM_COUNT) -> float:
     """The fraction of the SMs' time a grid of ``ctas`` equal programs keeps busy (1.0: whole waves)."""
     return ctas / (cdiv(ctas, sm_count) * sm_count)

@@ -238,3 +238,52 @@ def test_cpu_line_gives_no_speed_figure_for_runs_not_interleaved() -> None:
     interleaved = [{"speedup": 1.2, "speedup_pairwise": 0.98}, {"speedup": 1.0, "speedup_pairwise": 1.04}]
     line = readme_results._line("cpu-models-*.json", {"machine": {"threads": 1}, "rows": interleaved})
     assert "0.98-1.04x" in line
+
+
+def _sweep(ms: dict[str, float | None], layer: str = "resnet50.layer4.3x3@7", dtype: str = "float16") -> dict:
+    configs = {label: ({"ms": t} if t is not None else {"error": "OutOfResources"}) for label, t in ms.items()}
+    return {"date": "2026-12-03", "card": "NVIDIA H200", "rows": [{"layer": layer, "batch": 32, "dtype": dtype,
+            "configs": {"rows-128x128x64w8s4": {"ms": 0.001}, **configs}}]}  # fmt: skip
+
+
+def test_sweeps_enter_the_table_as_measured_and_only_where_they_measured_every_shape(tmp_path: Path) -> None:
+    """benchmarks.tile_table --from-sweep: a config's best time over the files ranks it; a config that failed
+    everywhere is left out; labels with a reduction order are not read; a class with a shape the sweep did
+    not measure keeps the table's ranking."""
+    from benchmarks.tile_table import merge_sweeps
+
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps(_sweep({"64x128x64w4s4": 0.034, "64x256x64w8s3k2": 0.030, "128x256x64w8s3sk1": None})))
+    second.write_text(json.dumps(_sweep({"64x256x64w8s3k2": 0.028, "128x256x64w8s3sk1": None})))
+    resnet, other = "conv2d_act|fp16|b2|m2048|n512|k8192|g1", "conv2d_act|fp16|b2|m262144|n128|k1024|g1"
+    held = {"ranked": [{"config": {"block_m": 64, "block_n": 128, "block_k": 64}, "rel": 1.0}]}
+    entries = {resnet: {**held, "shapes": [[1568, 512, 4608, 1]]}, other: {**held, "shapes": [[204800, 80, 576, 1]]}}
+    table = {"arch": "sm90", "source": {"date": "then"}, "entries": entries}
+    merged, done = merge_sweeps(table, [first, second])
+    ranked = merged["entries"][resnet]["ranked"]
+    assert [(r["config"]["block_n"], r["config"]["split_k"]) for r in ranked] == [(256, 2), (128, 1)]
+    assert ranked[1]["rel"] == pytest.approx(0.034 / 0.028, abs=1e-4)
+    assert merged["entries"][other] == table["entries"][other] and done == [f"{resnet}: replaced"]
+    assert [s["file"] for s in merged["source"]["sweeps"]] == ["a.json", "b.json"]
+
+    stride2 = tmp_path / "c.json"
+    stride2.write_text(json.dumps(_sweep({"128x128x64w8s3": 0.107}, "yolov8.64->128s2@160")))
+    assert merge_sweeps(table, [stride2])[1] == [f"{other}: kept (the table also measured [[204800, 80, 576, 1]])"]
+
+
+def test_the_shipped_table_picks_what_the_late_layer_sweep_measured_fastest() -> None:
+    """The classes the sweep added (results/conv-tile-sweep-2026-12-03*.json): their best config must be one of
+    the launch's candidates, else the lookup would silently fall to a worse one."""
+    from fuser.kernels import autotune, pack_conv_weight, tile_table
+    from fuser.kernels.conv import conv2d_tile_candidates
+    from fuser.kernels.tile_config import Problem
+
+    for c, hw, dtype, prec in [(512, 7, torch.float16, "fp16"), (512, 7, torch.float32, "tf32"),
+                               (256, 20, torch.float32, "tf32")]:  # fmt: skip
+        packed = pack_conv_weight(torch.randn(c, c, 3, 3, dtype=dtype), prec)
+        candidates = conv2d_tile_candidates((32, c, hw, hw), packed, 1, (1, 1, 1, 1))
+        problem = Problem(32 * hw * hw, c, 9 * c, 1, packed.data.element_size(), prec)
+        entry = tile_table.load("sm90")[tile_table.shape_class("conv2d_act", problem)]
+        assert entry["ranked"][0]["config"]["split_k"] == 2
+        best = tile_table.config_from_dict(entry["ranked"][0]["config"])
+        assert autotune.default_config("conv2d_act", candidates, problem, "sm90") == best

@@ -98,6 +98,7 @@ def test_a_second_resident_cta_wins_on_the_implicit_gemm() -> None:
     two, wide = TileConfig(128, 128, 32, 8, 8, 3), TileConfig(256, 128, 32, 8, 8, 3)
     deep = TileConfig(128, 128, 32, 8, 8, 4)
     assert {two, wide, deep} <= set(candidates)
+    assert all(c.split_k == 1 for c in candidates), "1600 tiles of 128x128: no split variants"
     assert tile_heuristic.pick("conv2d_act", candidates, problem) == two
     estimate = lambda c: tile_heuristic.estimate_us("conv2d_act", problem, c)
     assert estimate(two) < estimate(wide) < estimate(deep)
