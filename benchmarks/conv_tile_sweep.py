@@ -1,9 +1,10 @@
 """Tiles and reduction orders of single conv layers on the GPU, against cuDNN, each configuration checked
 against float64: the layers the whole-model timelines named as the slowest for their bytes.
 
-    python -m benchmarks.conv_tile_sweep --out DIR [--budget-s 200] [--only stem,narrow] [--batch32-only]
+    python -m benchmarks.conv_tile_sweep --out DIR [--budget-s 200] [--only stem,narrow,late]
+        [--regimes 32:float16,1:float32,32:float32]
 
-Two groups of layers (benchmarks/kernel_timeline.py, H200, untuned, batch 32 fp16):
+Three groups of layers (the first two from benchmarks/kernel_timeline.py, H200, untuned, batch 32 fp16):
 
 - ``stem``: ResNet-50's 7x7 stride-2 conv on 3 channels took 0.30 ms (about 20% of the forward) in the flat-K
   order whatever the tile. Each layer runs in the flat-K order and in the filter-row order
@@ -102,7 +103,7 @@ def long_k_tiles(c_in: int, c_out: int, stride: int, elem: int) -> list[Any]:
 
 def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict[str, Any]:
     from fuser.epilogue import Activation, Epilogue
-    from fuser.kernels import conv, conv_choice, pack_conv_weight
+    from fuser.kernels import autotune, conv, conv_choice, pack_conv_weight
     from fuser.kernels.autotune import do_bench_ms
 
     name, c_in, c_out, k, stride, pad, size, scaled, act = layer
@@ -144,8 +145,6 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
         return {"ms": do_bench_ms(run), "rel_error": err}
 
     call = lambda p: lambda: p(x, packed.data, bias32, None, out, scale)
-    from fuser.kernels import autotune
-
     chosen_before = set(autotune._memory)  # the default's choice is the one entry its plan adds
     row["default"] = timed(call(plan(None, shipped_min)))
     added = [choice.config for key, choice in autotune._memory.items() if key not in chosen_before]
@@ -175,8 +174,7 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
     return row
 
 
-LABEL = re.compile(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)(?:k(\d+))?(?:b(\d+))?(?:sk(\d+))?")
-KERNEL_NAMES = {"implicit": "conv2d_act", "gemm": "gemm_act"}
+LABEL = re.compile(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)(?:k(\d+))?(?:b(\d+))?(?:sk(\d+))?")  # layer_row's labels
 
 
 def cache_entries(result: dict[str, Any], groups: tuple[str, ...] = ("late",)) -> list[dict[str, Any]]:
@@ -195,7 +193,7 @@ def cache_entries(result: dict[str, Any], groups: tuple[str, ...] = ("late",)) -
             continue
         _, c_in, c_out, k, stride, pad, size, _, _ = layers[row["layer"]]
         kernel = conv_kernel(c_in, c_out, 1, (k, k), (stride, stride), pad)
-        name = KERNEL_NAMES["gemm" if kernel == ConvKernel.GEMM_1X1 else "implicit"]
+        name = "gemm_act" if kernel == ConvKernel.GEMM_1X1 else "conv2d_act"
         oh = (size + 2 * pad - k) // stride + 1
         prec, elem = precision[row["dtype"]]
         timings = []

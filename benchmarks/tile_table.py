@@ -3,7 +3,7 @@
 
     python -m benchmarks.tile_table [--cache DIR] [--out FILE] [--only yolov8n:1:float32 ...]
         [--budget-s 540] [--per-class 2] [--rounds 2] [--rep-ms 40] [--build-only] [--extend TABLE]
-    python -m benchmarks.tile_table --from-sweep results/conv-tile-sweep-*.json [--out FILE]
+    python -m benchmarks.tile_table --from-sweep results/conv-tile-sweep-*.json [--out FILE]   # default: in place
 
 What it measures: YOLOv8n @640, ResNet-50, EfficientNet-B0 and MobileNetV3-Large @224 (from ultralytics /
 torchvision where installed, else the same architectures from fuser.models; MobileNetV3 only from
@@ -183,7 +183,8 @@ def merge_sweeps(table: dict[str, Any], sweeps: list[Path], sm_count: int = 132)
             continue
         entries[cls] = entry
         done.append(f"{cls}: {'replaced' if old is not None else 'added'}")
-    source = {**table.get("source", {}), "sweeps": [*table.get("source", {}).get("sweeps", []), *sources]}
+    earlier = [s for s in table.get("source", {}).get("sweeps", []) if s["file"] not in {n["file"] for n in sources}]
+    source = {**table.get("source", {}), "sweeps": [*earlier, *sources]}
     return {**table, "entries": entries, "source": source}, done
 
 
@@ -205,10 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-sweep", nargs="+", type=Path, help="conv_tile_sweep results to add (no GPU needed)")
     args = parser.parse_args(argv)
     if args.from_sweep:
-        path = args.out or tile_table.table_path("sm90")
-        table, done = merge_sweeps(json.loads(path.read_text()), args.from_sweep)
-        path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-        print("\n".join(done) + f"\nwrote {path}")
+        shipped = tile_table.table_path("sm90")  # the sweeps ran on an H200
+        table, done = merge_sweeps(json.loads(shipped.read_text()), args.from_sweep)
+        out = args.out or shipped
+        out.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+        print("\n".join(done) + f"\nwrote {out}")
         return 0
     if not torch.cuda.is_available():
         raise SystemExit("tile_table: needs a CUDA GPU")
