@@ -21,7 +21,8 @@ from fuser.kernels.splitk import STREAM_K_INTERPRETER_SMS, stream_k_grid
 
 SILU_ADD = Epilogue(Activation.SILU, residual=Residual.AFTER_ACT)
 
-# (case, stream_k): 3 programs (or 15) over tiles of 32 x 16 whose step counts the runs do not divide.
+# (case, stream_k): 3 programs per stream_k (the interpreter's SM count) over tiles of 32 x 16 whose step counts
+# the runs do not divide.
 STREAM_CASES = [
     (ConvCase("c20_7x7", 1, 20, 24, (7, 7), 3, padding=(1, 1, 1, 1)), 1),
     (ConvCase("c37_s2_odd", 2, 37, 24, (11, 9), 3, stride=2, padding=(1, 0, 1, 1)), 1),
