@@ -275,7 +275,8 @@ SWEEP_3X3 = [
 ]
 
 # Stream-K (conv.py), which no candidate list offers: forced, as benchmarks/conv_tile_sweep.py runs it. One or two
-# programs per SM over 26 tiles: tiles shared by 2-3 programs, their partial sums added by the last to arrive.
+# programs per SM over 13-26 tiles of 36-72 steps: every tile shared by several programs (up to 10), its partial
+# sums added by the last to arrive.
 STREAM_K_TILES = [(128, 128, 8, 4, 1), (128, 128, 8, 3, 2), (64, 256, 8, 3, 1), (64, 128, 4, 4, 2)]
 
 
