@@ -186,7 +186,7 @@ def cache_entries(result: dict[str, Any], groups: tuple[str, ...] = ("late",)) -
     from fuser.kernels.conv_choice import ConvKernel, conv_kernel
 
     layers = {layer[0]: layer for group in groups for layer in LAYERS[group]}
-    precision = {"float16": ("fp16", 2), "float32": ("tf32", 4), "bfloat16": ("bf16", 2)}
+    precision = {dtype: prec for _, dtype, prec in REGIMES.values()}  # as layer_row packed the weights
     entries = []
     for row in result["rows"]:
         if row["layer"] not in layers:
@@ -195,7 +195,7 @@ def cache_entries(result: dict[str, Any], groups: tuple[str, ...] = ("late",)) -
         kernel = conv_kernel(c_in, c_out, 1, (k, k), (stride, stride), pad)
         name = "gemm_act" if kernel == ConvKernel.GEMM_1X1 else "conv2d_act"
         oh = (size + 2 * pad - k) // stride + 1
-        prec, elem = precision[row["dtype"]]
+        prec, elem = precision[row["dtype"]], getattr(torch, row["dtype"]).itemsize
         timings = []
         for label, measured in row["configs"].items():
             match = LABEL.fullmatch(label)

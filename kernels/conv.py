@@ -939,7 +939,7 @@ def prepare_implicit_gemm(
         if order == ConvKernel.IMPLICIT_GEMM_ROW_RUNS:  # one K step per filter row, whatever the config
             config = dataclasses.replace(config, block_k=row_block(c_in_g, kw))
         options = call.options(config, SPLIT_TAIL=reduces_in_tail(config))
-        split, tiles = None, cdiv(m, config.block_m) * cdiv(c_out_g, config.block_n)
+        tiles, slots = cdiv(m, config.block_m) * cdiv(c_out_g, config.block_n), None
         if config.box_w:
             boxes = n * cdiv(oh, config.block_m // config.box_w) * cdiv(ow, config.box_w)
             grid = (boxes * cdiv(c_out_g, config.block_n), groups, 1)
@@ -947,16 +947,15 @@ def prepare_implicit_gemm(
             steps = reduction_step_count(order, (kh, kw), c_in_g, k_total, config.block_k)
             programs, slots = stream_k_grid(config, tiles, steps, sm_count)
             grid = (programs, 1, 1)
-            split = SplitK(config, m, c_out, tiles, (oh, ow), res_rows, out_row_stride, epilogue, has_bias, device,
-                           interpret, slots)  # fmt: skip
         else:
             grid = (tiles, groups, config.split_k)
         w_block, out_block = [config.block_n, config.block_k], [config.block_m, config.block_n]
         x_block = box_block(config) if config.box_w else None
         out_desc = use_desc and not config.box_w  # a box's rows are not one block of the output rows
-        if config.split_k > 1:
-            split = SplitK(config, m, c_out, grid[0] * groups, (oh, ow), res_rows, out_row_stride, epilogue,
-                           has_bias, device, interpret)  # fmt: skip
+        split = None
+        if config.split_k > 1 or config.stream_k:
+            split = SplitK(config, m, c_out, tiles * groups, (oh, ow), res_rows, out_row_stride, epilogue, has_bias,
+                           device, interpret, slots)  # fmt: skip
 
         def run(
             x: torch.Tensor,

@@ -32,14 +32,19 @@ STREAM_CASES = [
 ]
 
 
+def programs_per_tile(tiles: int, steps: int, programs: int) -> list[int]:
+    """How many programs share each tile when runs of ``cdiv(tiles * steps, programs)`` steps are dealt out."""
+    per = cdiv(tiles * steps, programs)
+    return [((t + 1) * steps - 1) // per - t * steps // per + 1 for t in range(tiles)]
+
+
 def shared_tiles(case: ConvCase, config: TileConfig) -> tuple[int, int, int]:
     """(tiles whose steps two or more programs share, most programs on one tile, the launch's slots)."""
     oh, ow = conv_output_hw(case)
     tiles = cdiv(case.batch * oh * ow, config.block_m) * cdiv(case.c_out, config.block_n)
     steps = reduction_step_count(reduction_order(case.c_in, 3), (3, 3), case.c_in, case.c_in * 9, config.block_k)
     programs, slots = stream_k_grid(config, tiles, steps, STREAM_K_INTERPRETER_SMS)
-    per = cdiv(tiles * steps, programs)
-    counts = [((t + 1) * steps - 1) // per - t * steps // per + 1 for t in range(tiles)]
+    counts = programs_per_tile(tiles, steps, programs)
     return sum(c > 1 for c in counts), max(counts), slots
 
 
@@ -106,6 +111,5 @@ def test_stream_k_grid_bounds_the_programs_on_one_tile() -> None:
     for tiles, steps, sms in [(100, 36, 132), (52, 144, 132), (7, 5, 3), (1, 1, 132), (13, 17, 11)]:
         for stream_k in (1, 2):
             programs, slots = stream_k_grid(TileConfig(128, 128, 32, stream_k=stream_k), tiles, steps, sms)
-            per = cdiv(tiles * steps, programs)
-            most = max(((t + 1) * steps - 1) // per - t * steps // per + 1 for t in range(tiles))
+            most = max(programs_per_tile(tiles, steps, programs))
             assert programs <= stream_k * sms and programs <= tiles * steps and most <= slots
