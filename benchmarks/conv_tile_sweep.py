@@ -15,9 +15,9 @@ Three groups of layers (the first two from benchmarks/kernel_timeline.py, H200, 
   the squeeze-excitation channel scale as the operand prologue where the model has it.
 - ``late``: the batch-32 3x3 rows of the layer benchmark slower than cuDNN (results/layers-2026-12-03b.json):
   YOLO's 256->256 @20 and ResNet's 512->512 @7 (a long K over a grid of 52-200 tiles of 128x128, so a wave of
-  132 SMs is partly idle) and 64->128 stride 2 @160. Each runs over its candidates plus split-K variants of the
-  larger tiles, a 64-wide TF32 K step, stream-K tiles (kernels/tile_config.py) at stride 1, and box tiles
-  (conv_boxes.py) on the stride-2 layer.
+  132 SMs is partly idle) and 64->128 stride 2 @160, and YOLO's 64->64 @80 (3x its floor on box tiles). Each
+  runs over its candidates plus split-K variants of the larger tiles, a 64-wide TF32 K step, shifted-tap tiles
+  (kernels/conv_boxes.py) at stride 1, and box tiles on the stride-2 layer.
 
 Timings replay a CUDA graph (fuser.kernels.autotune.do_bench_ms); ``cudnn_ms`` is what torch.compile runs
 for such a block: cuDNN's conv on the folded weights (channels_last), then the activation. Writes
@@ -55,6 +55,7 @@ LAYERS: dict[str, list[tuple[str, int, int, int, int, int, int, bool, str]]] = {
         ("yolov8.256x3x3@20", 256, 256, 3, 1, 1, 20, False, "silu"),
         ("resnet50.layer4.3x3@7", 512, 512, 3, 1, 1, 7, False, "relu"),
         ("yolov8.64->128s2@160", 64, 128, 3, 2, 1, 160, False, "silu"),
+        ("yolov8.64x3x3@80", 64, 64, 3, 1, 1, 80, False, "silu"),
     ],
 }
 REGIMES = {"32:float16": (32, "float16", "fp16"), "1:float32": (1, "float32", "tf32"),
@@ -80,7 +81,8 @@ def extra_tiles(c_in: int, c_out: int, k: int = 1, stride: int = 1, elem: int = 
 
 def long_k_tiles(c_in: int, c_out: int, stride: int, elem: int) -> list[Any]:
     """Tiles for 3x3 convs whose grid of 128x128 tiles leaves SMs idle: split-K 1-4 of 64- to 256-wide tiles,
-    TF32 with a 64-wide K step, stream-K (at stride 1), and at stride 2 box tiles of 16 columns."""
+    TF32 with a 64-wide K step, shifted taps (at stride 1), and at stride 2 box tiles of 16 columns. (Stream-K
+    ran here in results/conv-tile-sweep-2026-12-03b.json: no faster than split-K.)"""
     from fuser.kernels.autotune import TileConfig
 
     bk = 64 if elem == 2 else 32
@@ -91,10 +93,11 @@ def long_k_tiles(c_in: int, c_out: int, stride: int, elem: int) -> list[Any]:
     out = [TileConfig(bm, min(bn, bn_cap), bk, 8, w, s, k) for bm, bn, w, s, k in shapes]
     if elem == 4:
         out += [TileConfig(128, min(128, bn_cap), 64, 8, 8, 3, k) for k in (1, 2)]
-    if stride == 1:  # stream-K (conv.py), which no candidate list offers: one or two programs per SM
-        out += [TileConfig(bm, min(bn, bn_cap), bk, 8, w, s, 1, 0, k) for bm, bn, w, s, k in
-                [(128, 128, 8, 4, 1), (128, 128, 4, 4, 1), (128, 128, 8, 3, 2), (64, 256, 8, 3, 1),
-                 (128, 256, 8, 3, 1), (256, 128, 8, 3, 1)]]  # fmt: skip
+    if stride == 1:  # shifted taps (conv_boxes.py), whole and split in two
+        out += [TileConfig(bm, min(bn, bn_cap), bk, 8, w, s, k, tap_shift=1) for bm, bn, w, s, k in
+                [(128, 128, 8, 4, 1), (128, 128, 8, 3, 1), (128, 128, 8, 4, 2), (64, 128, 4, 4, 1),
+                 (64, 128, 4, 4, 2), (128, 64, 4, 4, 1), (128, 64, 4, 4, 2), (64, 256, 8, 3, 1), (64, 256, 8, 3, 2),
+                 (128, 256, 8, 3, 1), (128, 256, 8, 3, 2), (64, 64, 4, 4, 1)]]  # fmt: skip
     if stride == 2:
         out += [TileConfig(bm, min(bn, bn_cap), bk, 8, w, s, 1, 16) for bm, bn, w, s in
                 [(64, 128, 4, 4), (128, 128, 8, 3), (128, 64, 4, 4), (64, 128, 4, 3), (128, 128, 4, 4)]]  # fmt: skip
@@ -163,6 +166,7 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
                 + (f"k{tile.split_k}" if tile.split_k > 1 else "")
                 + (f"b{tile.box_w}" if tile.box_w else "")
                 + (f"sk{tile.stream_k}" if tile.stream_k else "")
+                + ("t" if tile.tap_shift else "")
             )
             try:
                 configs[label] = timed(call(plan(tile, row_min)))
@@ -174,16 +178,18 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
     return row
 
 
-LABEL = re.compile(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)(?:k(\d+))?(?:b(\d+))?(?:sk(\d+))?")  # layer_row's labels
+LABEL = re.compile(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)(?:k(\d+))?(?:b(\d+))?(?:sk(\d+))?(t)?")  # layer_row's labels
 
 
 def cache_entries(result: dict[str, Any], groups: tuple[str, ...] = ("late",)) -> list[dict[str, Any]]:
     """The rows of a ``conv-tile-sweep.json`` of the layer ``groups`` as autotune cache entries (kernel, problem,
-    every forced config's time; a config that failed to run counts as not running), which
+    every forced config's time; a config that failed to run, or whose output was beyond the precision's tolerance of
+    float64, counts as not running), which
     ``fuser.kernels.tile_table.build_table`` ranks: what ``benchmarks.tile_table --from-sweep`` adds to the shipped
     table. Rows of other groups, and configs labelled with a reduction order (the stem's), are left out."""
     from fuser.kernels.autotune import TileConfig
     from fuser.kernels.conv_choice import ConvKernel, conv_kernel
+    from fuser.verification import TOLERANCE
 
     layers = {layer[0]: layer for group in groups for layer in LAYERS[group]}
     precision = {dtype: prec for _, dtype, prec in REGIMES.values()}  # as layer_row packed the weights
@@ -201,9 +207,11 @@ def cache_entries(result: dict[str, Any], groups: tuple[str, ...] = ("late",)) -
             match = LABEL.fullmatch(label)
             if match is None:
                 continue
-            bm, bn, bk, warps, stages, split, box, stream = (int(g) if g else 0 for g in match.groups())
-            config = TileConfig(bm, bn, bk, 8, warps, stages, split or 1, box, stream)
-            timings.append([asdict(config), measured.get("ms")])
+            *numbers, shift = match.groups()
+            bm, bn, bk, warps, stages, split, box, stream = (int(g) if g else 0 for g in numbers)
+            config = TileConfig(bm, bn, bk, 8, warps, stages, split or 1, box, stream, int(shift is not None))
+            right = measured.get("rel_error") is not None and measured["rel_error"] < TOLERANCE[prec]
+            timings.append([asdict(config), measured.get("ms") if right else None])
         problem = {"m": row["batch"] * oh * oh, "n": c_out, "k": c_in * k * k, "groups": 1, "operand_bytes": elem,
                    "precision": prec}  # fmt: skip
         entries.append({"kernel": name, "problem": problem, "timings_ms": timings})

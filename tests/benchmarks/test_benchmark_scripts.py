@@ -240,20 +240,26 @@ def test_cpu_line_gives_no_speed_figure_for_runs_not_interleaved() -> None:
     assert "0.98-1.04x" in line
 
 
-def _sweep(ms: dict[str, float | None], layer: str = "resnet50.layer4.3x3@7", dtype: str = "float16") -> dict:
-    configs = {label: ({"ms": t} if t is not None else {"error": "OutOfResources"}) for label, t in ms.items()}
+def _sweep(
+    ms: dict[str, float | None], layer: str = "resnet50.layer4.3x3@7", dtype: str = "float16", wrong: str = ""
+) -> dict:
+    """A sweep file's one row: each label's time (None: it did not run), every output within tolerance of
+    float64 but ``wrong``'s (a relative error of 0.17, as a miscompiled tile gave)."""
+    measured = lambda label, t: {"ms": t, "rel_error": 0.17 if label == wrong else 3e-4}
+    configs = {label: measured(label, t) if t is not None else {"error": "OutOfResources"} for label, t in ms.items()}
     return {"date": "2026-12-03", "card": "NVIDIA H200", "rows": [{"layer": layer, "batch": 32, "dtype": dtype,
             "configs": {"rows-128x128x64w8s4": {"ms": 0.001}, **configs}}]}  # fmt: skip
 
 
 def test_sweeps_enter_the_table_as_measured_and_only_where_they_measured_every_shape(tmp_path: Path) -> None:
     """benchmarks.tile_table --from-sweep: a config's best time over the files ranks it; a config that failed
-    everywhere is left out; labels with a reduction order are not read; a class with a shape the sweep did
-    not measure keeps the table's ranking."""
+    everywhere, or whose output was wrong, is left out; labels with a reduction order are not read; a class with
+    a shape the sweep did not measure keeps the table's ranking."""
     from benchmarks.tile_table import merge_sweeps
 
     first, second = tmp_path / "a.json", tmp_path / "b.json"
-    first.write_text(json.dumps(_sweep({"64x128x64w4s4": 0.034, "64x256x64w8s3k2": 0.030, "128x256x64w8s3sk1": None})))
+    first.write_text(json.dumps(_sweep({"64x128x64w4s4": 0.034, "64x256x64w8s3k2": 0.030, "128x256x64w8s3sk1": None,
+                                        "128x128x64w8s3": 0.020}, wrong="128x128x64w8s3")))  # fmt: skip
     second.write_text(json.dumps(_sweep({"64x256x64w8s3k2": 0.028, "128x256x64w8s3sk1": None})))
     resnet, other = "conv2d_act|fp16|b2|m2048|n512|k8192|g1", "conv2d_act|fp16|b2|m262144|n128|k1024|g1"
     held = {"ranked": [{"config": {"block_m": 64, "block_n": 128, "block_k": 64}, "rel": 1.0}]}
