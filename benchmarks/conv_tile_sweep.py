@@ -16,8 +16,8 @@ Three groups of layers (the first two from benchmarks/kernel_timeline.py, H200, 
 - ``late``: the batch-32 3x3 rows of the layer benchmark slower than cuDNN (results/layers-2026-12-03b.json):
   YOLO's 256->256 @20 and ResNet's 512->512 @7 (a long K over a grid of 52-200 tiles of 128x128, so a wave of
   132 SMs is partly idle) and 64->128 stride 2 @160, and YOLO's 64->64 @80 (3x its floor on box tiles). Each
-  runs over its candidates plus split-K variants of the larger tiles, a 64-wide TF32 K step, shifted-tap tiles
-  (kernels/conv_boxes.py) at stride 1, and box tiles on the stride-2 layer.
+  runs over its candidates plus split-K variants of the larger tiles, a 64-wide TF32 K step, and box tiles on
+  the stride-2 layer.
 
 Timings replay a CUDA graph (fuser.kernels.autotune.do_bench_ms); ``cudnn_ms`` is what torch.compile runs
 for such a block: cuDNN's conv on the folded weights (channels_last), then the activation. Writes
@@ -81,8 +81,9 @@ def extra_tiles(c_in: int, c_out: int, k: int = 1, stride: int = 1, elem: int = 
 
 def long_k_tiles(c_in: int, c_out: int, stride: int, elem: int) -> list[Any]:
     """Tiles for 3x3 convs whose grid of 128x128 tiles leaves SMs idle: split-K 1-4 of 64- to 256-wide tiles,
-    TF32 with a 64-wide K step, shifted taps (at stride 1), and at stride 2 box tiles of 16 columns. (Stream-K
-    ran here in results/conv-tile-sweep-2026-12-03b.json: no faster than split-K.)"""
+    TF32 with a 64-wide K step, and at stride 2 box tiles of 16 columns. (Stream-K ran here in
+    results/conv-tile-sweep-2026-12-03b.json and shifted taps in -03c.json, both since removed from the sweep:
+    kernels/NOTES.md versions 13 and 14.)"""
     from fuser.kernels.autotune import TileConfig
 
     bk = 64 if elem == 2 else 32
@@ -93,11 +94,6 @@ def long_k_tiles(c_in: int, c_out: int, stride: int, elem: int) -> list[Any]:
     out = [TileConfig(bm, min(bn, bn_cap), bk, 8, w, s, k) for bm, bn, w, s, k in shapes]
     if elem == 4:
         out += [TileConfig(128, min(128, bn_cap), 64, 8, 8, 3, k) for k in (1, 2)]
-    if stride == 1:  # shifted taps (conv_boxes.py), whole and split in two
-        out += [TileConfig(bm, min(bn, bn_cap), bk, 8, w, s, k, tap_shift=1) for bm, bn, w, s, k in
-                [(128, 128, 8, 4, 1), (128, 128, 8, 3, 1), (128, 128, 8, 4, 2), (64, 128, 4, 4, 1),
-                 (64, 128, 4, 4, 2), (128, 64, 4, 4, 1), (128, 64, 4, 4, 2), (64, 256, 8, 3, 1), (64, 256, 8, 3, 2),
-                 (128, 256, 8, 3, 1), (128, 256, 8, 3, 2), (64, 64, 4, 4, 1)]]  # fmt: skip
     if stride == 2:
         out += [TileConfig(bm, min(bn, bn_cap), bk, 8, w, s, 1, 16) for bm, bn, w, s in
                 [(64, 128, 4, 4), (128, 128, 8, 3), (128, 64, 4, 4), (64, 128, 4, 3), (128, 128, 4, 4)]]  # fmt: skip
@@ -166,7 +162,6 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
                 + (f"k{tile.split_k}" if tile.split_k > 1 else "")
                 + (f"b{tile.box_w}" if tile.box_w else "")
                 + (f"sk{tile.stream_k}" if tile.stream_k else "")
-                + ("t" if tile.tap_shift else "")
             )
             try:
                 configs[label] = timed(call(plan(tile, row_min)))
@@ -178,7 +173,9 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
     return row
 
 
-LABEL = re.compile(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)(?:k(\d+))?(?:b(\d+))?(?:sk(\d+))?(t)?")  # layer_row's labels
+# layer_row's labels; a trailing "t" marks the shifted-tap tiles of results/conv-tile-sweep-2026-12-03c.json,
+# which no tree since can run (cache_entries leaves them out)
+LABEL = re.compile(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)(?:k(\d+))?(?:b(\d+))?(?:sk(\d+))?(t)?")
 
 
 def cache_entries(result: dict[str, Any], groups: tuple[str, ...] = ("late",)) -> list[dict[str, Any]]:
@@ -186,7 +183,8 @@ def cache_entries(result: dict[str, Any], groups: tuple[str, ...] = ("late",)) -
     every forced config's time; a config that failed to run, or whose output was beyond the precision's tolerance of
     float64, counts as not running), which
     ``fuser.kernels.tile_table.build_table`` ranks: what ``benchmarks.tile_table --from-sweep`` adds to the shipped
-    table. Rows of other groups, and configs labelled with a reduction order (the stem's), are left out."""
+    table. Rows of other groups, and configs labelled with a reduction order (the stem's) or as shifted taps, are
+    left out."""
     from fuser.kernels.autotune import TileConfig
     from fuser.kernels.conv_choice import ConvKernel, conv_kernel
     from fuser.verification import TOLERANCE
@@ -205,11 +203,10 @@ def cache_entries(result: dict[str, Any], groups: tuple[str, ...] = ("late",)) -
         timings = []
         for label, measured in row["configs"].items():
             match = LABEL.fullmatch(label)
-            if match is None:
+            if match is None or match[9]:
                 continue
-            *numbers, shift = match.groups()
-            bm, bn, bk, warps, stages, split, box, stream = (int(g) if g else 0 for g in numbers)
-            config = TileConfig(bm, bn, bk, 8, warps, stages, split or 1, box, stream, int(shift is not None))
+            bm, bn, bk, warps, stages, split, box, stream = (int(g) if g else 0 for g in match.groups()[:8])
+            config = TileConfig(bm, bn, bk, 8, warps, stages, split or 1, box, stream)
             right = measured.get("rel_error") is not None and measured["rel_error"] < TOLERANCE[prec]
             timings.append([asdict(config), measured.get("ms") if right else None])
         problem = {"m": row["batch"] * oh * oh, "n": c_out, "k": c_in * k * k, "groups": 1, "operand_bytes": elem,

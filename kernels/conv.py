@@ -47,9 +47,6 @@ from .conv_boxes import (
     box_shape_refusal,
     boxes_by_default,
     load_tap_box,
-    load_tap_shifted,
-    tap_shift_refusal,
-    tap_shift_view,
 )
 from .conv_choice import ConvKernel, conv_kernel, reduction_order
 from .depthwise import depthwise_candidates, prepare_depthwise
@@ -151,7 +148,6 @@ def _implicit_gemm_tile(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BOX_W: tl.constexpr,
-    TAP_SHIFT: tl.constexpr,
 ):
     """The float32 accumulator of output tile ``(pid_m, pid_n)`` of ``group`` over reduction steps
     ``[step_lo, step_hi)`` (:func:`reduction_steps` counts them), and the tile's rows and channels:
@@ -171,9 +167,7 @@ def _implicit_gemm_tile(
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = offs_m < M
         n_idx, oh, ow = decode_rows(offs_m, m_ok, OH, OW)
-        x_rows = 0  # with TAP_SHIFT, x_ptr is the descriptor over the flattened input's rows
-        if not TAP_SHIFT:
-            x_rows = x_ptr + n_idx.to(tl.int64) * sx_n + (group * C_IN_G).to(tl.int64) * sx_c
+        x_rows = x_ptr + n_idx.to(tl.int64) * sx_n + (group * C_IN_G).to(tl.int64) * sx_c
     ih0 = oh * stride_h - pad_top
     iw0 = ow * stride_w - pad_left
     ps_img = n_idx.to(tl.int64)[:, None] * sps_n
@@ -234,17 +228,14 @@ def _implicit_gemm_tile(
                 ih = ih0 + kh * dil_h
                 iw = iw0 + kw * dil_w
                 row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-                if TAP_SHIFT:
-                    a = load_tap_shifted(x_ptr, pid_m * BLOCK_M, kh - pad_top, kw - pad_left, W, c0, row_ok)
+                if VIRTUAL_CAT:
+                    a_ptrs = virtual_cat_pointers(x_ptr, x2_ptr, n_idx, ih, iw, c, c0, C_A, sx_n, sx_h, sx_w,
+                                                  sx_c, sx2_n, sx2_h, sx2_w, sx2_c, UP)  # fmt: skip
                 else:
-                    if VIRTUAL_CAT:
-                        a_ptrs = virtual_cat_pointers(x_ptr, x2_ptr, n_idx, ih, iw, c, c0, C_A, sx_n, sx_h, sx_w,
-                                                      sx_c, sx2_n, sx2_h, sx2_w, sx2_c, UP)  # fmt: skip
-                    else:
-                        pix = ih.to(tl.int64) * sx_h + iw.to(tl.int64) * sx_w
-                        a_ptrs = x_rows[:, None] + pix[:, None] + (c * sx_c)[None, :]
-                    a = load_operand(a_ptrs, row_ok[:, None] & c_ok[None, :], ps_ptr, ps_img,
-                                     ((group * C_IN_G + c) * sps_c)[None, :], PROLOGUE)  # fmt: skip
+                    pix = ih.to(tl.int64) * sx_h + iw.to(tl.int64) * sx_w
+                    a_ptrs = x_rows[:, None] + pix[:, None] + (c * sx_c)[None, :]
+                a = load_operand(a_ptrs, row_ok[:, None] & c_ok[None, :], ps_ptr, ps_img,
+                                 ((group * C_IN_G + c) * sps_c)[None, :], PROLOGUE)  # fmt: skip
             k_w = tap * C_IN_G + c0
             if USE_DESC:
                 # Columns past this tap's channels belong to the next tap; a's zeros cancel them.
@@ -349,7 +340,6 @@ def _conv2d_act_kernel(
     GROUP_M: tl.constexpr,
     BOX_W: tl.constexpr,
     STREAM_K: tl.constexpr,
-    TAP_SHIFT: tl.constexpr,
 ):
     steps = reduction_steps(KH, KW, C_IN_G, K_TOTAL, K_ORDER, BLOCK_K)
     if STREAM_K:
@@ -369,7 +359,7 @@ def _conv2d_act_kernel(
                 pid_m, pid_n, 0, lo, hi, x_ptr, w_ref, ps_ptr, x2_ptr, H, W, C_IN_G, OH, OW, C_OUT_G, M, K_TOTAL,
                 stride_h, stride_w, pad_top, pad_left, dil_h, dil_w, sx_n, sx_h, sx_w, sx_c, stride_wn, sps_n, sps_c,
                 C_A, sx2_n, sx2_h, sx2_w, sx2_c, KH, KW, K_ORDER, PROLOGUE, VIRTUAL_CAT, UP, DOT_PRECISION, UPCAST,
-                USE_DESC, BLOCK_M, BLOCK_N, BLOCK_K, BOX_W, TAP_SHIFT,
+                USE_DESC, BLOCK_M, BLOCK_N, BLOCK_K, BOX_W,
             )  # fmt: skip
             first = tile * steps // per
             slots = ((tile + 1) * steps - 1) // per - first + 1
@@ -395,7 +385,7 @@ def _conv2d_act_kernel(
             pid_m, pid_n, group, lo, hi, x_ptr, w_ref, ps_ptr, x2_ptr, H, W, C_IN_G, OH, OW, C_OUT_G, M, K_TOTAL,
             stride_h, stride_w, pad_top, pad_left, dil_h, dil_w, sx_n, sx_h, sx_w, sx_c, stride_wn, sps_n, sps_c,
             C_A, sx2_n, sx2_h, sx2_w, sx2_c, KH, KW, K_ORDER, PROLOGUE, VIRTUAL_CAT, UP, DOT_PRECISION, UPCAST,
-            USE_DESC, BLOCK_M, BLOCK_N, BLOCK_K, BOX_W, TAP_SHIFT,
+            USE_DESC, BLOCK_M, BLOCK_N, BLOCK_K, BOX_W,
         )  # fmt: skip
         res_rows = row_offsets(n_idx, oh, ow, sr_n, sr_h, sr_w)
         tile_id = tl.program_id(0) + group * tl.num_programs(0)
@@ -901,14 +891,10 @@ def prepare_implicit_gemm(
         raise ValueError(f"{op}: box tiles (tile box_w={tile.box_w}) cannot read {box_why_not}")
     if tile is not None and tile.box_w and tile.split_k > 1:
         raise ValueError(f"{op}: box tiles are not split (tile split_k={tile.split_k})")
-    shift_why_not = tap_shift_refusal(box_why_not, stride, (h, w), (oh, ow))
-    if tile is not None and tile.tap_shift and (shift_why_not is not None or tile.box_w):
-        why = shift_why_not or f"box tiles (tile box_w={tile.box_w}): a tile is rows or a box"
-        raise ValueError(f"{op}: shifted taps (tile tap_shift={tile.tap_shift}) cannot read {why}")
-    if tile is not None and tile.stream_k and (tile.box_w or tile.tap_shift or tile.split_k > 1 or groups != 1):
+    if tile is not None and tile.stream_k and (tile.box_w or tile.split_k > 1 or groups != 1):
         raise ValueError(
             f"{op}: stream-K (tile stream_k={tile.stream_k}) deals the row tiles of one group: not with box_w="
-            f"{tile.box_w}, tap_shift={tile.tap_shift}, split_k={tile.split_k} or groups={groups}"
+            f"{tile.box_w}, split_k={tile.split_k} or groups={groups}"
         )
     res_strides = res4.stride() if res4 is not None else (0, 0, 0, 0)
     scalars = (
@@ -965,7 +951,6 @@ def prepare_implicit_gemm(
             grid = (tiles, groups, config.split_k)
         w_block, out_block = [config.block_n, config.block_k], [config.block_m, config.block_n]
         x_block = box_block(config) if config.box_w else None
-        shift_block = [config.block_m, config.block_k] if config.tap_shift else None
         out_desc = use_desc and not config.box_w  # a box's rows are not one block of the output rows
         split = None
         if config.split_k > 1 or config.stream_k:
@@ -986,8 +971,6 @@ def prepare_implicit_gemm(
             out_ref = make_descriptor(out2, out_block) if out_desc else out2
             if x_block is not None:
                 x = make_descriptor(box_descriptor_view(x, stride), x_block)
-            elif shift_block is not None:
-                x = make_descriptor(tap_shift_view(x), shift_block)
             if split is not None:
                 main = lambda ws, counts: call.launch(grid, (x, w_ref, bias32, res4, out_ref, scale2, x2, ws, counts),
                                                       options)  # fmt: skip

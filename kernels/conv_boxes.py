@@ -18,14 +18,6 @@ prologue keep the row tiles (conv.py).
 
 ``box_w`` is a field of the tile config (tile_config.py); :func:`box_candidates` lists the box configs a
 launch may measure, and :func:`box_refusal` says why a launch cannot use them.
-
-Shifted taps (``tap_shift``, the second TMA tile of the activations): where a stride-1 conv's output has its
-input's size, output pixel ``m`` reads for tap ``(kh, kw)`` the input pixel ``m + (kh - pad_top) * W + (kw -
-pad_left)`` of the flattened ``[N * H * W, C]`` input whenever that pixel is inside the image. So a row tile's
-``block_m`` consecutive pixels read one 2-D box of consecutive input rows per tap, with no wasted columns on
-narrow images (the boxes' loss) and no per-pixel addresses (the row tiles' gather); the rows whose tap falls
-outside the image (its edges wrap to the neighbouring row or image) are zeroed in the registers after the load,
-one mask per tap. :func:`tap_shift_refusal` says which convs allow it.
 """
 
 from __future__ import annotations
@@ -100,16 +92,6 @@ def load_tap_box(
     return tl.reshape(a, [BLOCK_M, BLOCK_K])
 
 
-@triton.jit
-def load_tap_shifted(x_desc, m0, dh, dw, W, c0, row_ok):
-    """The activation tile of a tap offset ``(dh, dw)`` from the output pixel for a row tile starting at
-    output pixel ``m0`` (shifted taps): one load of the 2-D descriptor over the flattened ``[N * H * W, C]``
-    input at row ``m0 + dh * W + dw`` (negative or past the end: zeros), the rows whose input pixel is outside
-    their own image (``row_ok`` false) zeroed."""
-    a = x_desc.load([m0 + dh * W + dw, c0])
-    return tl.where(row_ok[:, None], a, tl.zeros_like(a))
-
-
 def box_shape_refusal(
     c_in: int, c_out: int, h: int, w: int, groups: int, stride: Sequence[int], dilation: Sequence[int], elem: int
 ) -> str | None:
@@ -154,28 +136,6 @@ def box_refusal(
     if transformed:
         return "an input prologue or a virtual concatenation (box tiles do not transform the input)"
     return None
-
-
-def tap_shift_refusal(
-    box_why_not: str | None, stride: Sequence[int], in_size: tuple[int, int], out_size: tuple[int, int]
-) -> str | None:
-    """Why shifted taps cannot read this input, or None: whatever rules out box tiles (``box_why_not``, the
-    same descriptor over a dense channels_last input), stride 1, and an output of the input's size (else
-    consecutive output pixels do not read consecutive input pixels)."""
-    if box_why_not is not None:
-        return box_why_not
-    if tuple(stride) != (1, 1):
-        return f"stride {tuple(stride)} (shifted taps need stride 1)"
-    if tuple(out_size) != tuple(in_size):
-        sizes = f"a {in_size[0]}x{in_size[1]} input with a {out_size[0]}x{out_size[1]} output"
-        return f"{sizes} (shifted taps need the input's size)"
-    return None
-
-
-def tap_shift_view(x: torch.Tensor) -> torch.Tensor:
-    """The ``[N * H * W, C]`` rows of a dense channels_last ``x`` that shifted taps load from (no copy)."""
-    n, c, h, w = x.shape
-    return x.as_strided((n * h * w, c), (c, 1))
 
 
 def box_descriptor_view(x: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:

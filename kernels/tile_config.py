@@ -20,12 +20,6 @@ class TileConfig:
     tap is read through a tensor descriptor (TMA) instead of gathered through pointers. 0: the tile is
     ``block_m`` consecutive output rows.
 
-    ``tap_shift`` = 1 (the implicit GEMM's row tiles, a stride-1 conv whose output is its input's size,
-    conv_boxes.py): the tile's ``block_m`` consecutive output pixels read, for filter tap ``(kh, kw)``, the
-    same run of consecutive input pixels shifted by the tap's offset in the flattened NHWC input: one 2-D
-    tensor-descriptor (TMA) load per step, the rows that cross an image edge zeroed after it. No wasted
-    columns (box tiles waste them on narrow images), no per-pixel addresses (the row tiles' gather).
-
     ``stream_k`` > 0 (the implicit GEMM's row tiles only): stream-K. The grid is ``stream_k`` programs per SM,
     and the reduction steps of all output tiles together are dealt out to them in equal contiguous runs, so
     a grid of, say, 100 tiles keeps all 132 SMs busy to the end; a tile whose steps two or more programs
@@ -42,7 +36,6 @@ class TileConfig:
     split_k: int = 1
     box_w: int = 0
     stream_k: int = 0
-    tap_shift: int = 0
 
     def constexprs(self) -> dict[str, int]:
         """The tile's kernel parameters (a launcher passes those its kernel declares; ``split_k`` is the
@@ -54,7 +47,6 @@ class TileConfig:
             "GROUP_M": self.group_m,
             "BOX_W": self.box_w,
             "STREAM_K": self.stream_k > 0,
-            "TAP_SHIFT": self.tap_shift > 0,
         }
 
 

@@ -253,14 +253,14 @@ def _sweep(
 
 def test_sweeps_enter_the_table_as_measured_and_only_where_they_measured_every_shape(tmp_path: Path) -> None:
     """benchmarks.tile_table --from-sweep: a config's best time over the files ranks it; a config that failed
-    everywhere, or whose output was wrong, is left out; labels with a reduction order are not read; a class with
-    a shape the sweep did not measure keeps the table's ranking."""
+    everywhere, or whose output was wrong, is left out; labels with a reduction order, or of the removed shifted
+    taps, are not read; a class with a shape the sweep did not measure keeps the table's ranking."""
     from benchmarks.tile_table import merge_sweeps
 
     first, second = tmp_path / "a.json", tmp_path / "b.json"
     first.write_text(json.dumps(_sweep({"64x128x64w4s4": 0.034, "64x256x64w8s3k2": 0.030, "128x256x64w8s3sk1": None,
                                         "128x128x64w8s3": 0.020}, wrong="128x128x64w8s3")))  # fmt: skip
-    second.write_text(json.dumps(_sweep({"64x256x64w8s3k2": 0.028, "128x256x64w8s3sk1": None})))
+    second.write_text(json.dumps(_sweep({"64x256x64w8s3k2": 0.028, "128x256x64w8s3sk1": None, "64x64x64w4s4t": 0.01})))
     resnet, other = "conv2d_act|fp16|b2|m2048|n512|k8192|g1", "conv2d_act|fp16|b2|m262144|n128|k1024|g1"
     held = {"ranked": [{"config": {"block_m": 64, "block_n": 128, "block_k": 64}, "rel": 1.0}]}
     entries = {resnet: {**held, "shapes": [[1568, 512, 4608, 1]]}, other: {**held, "shapes": [[204800, 80, 576, 1]]}}

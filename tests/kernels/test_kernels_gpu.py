@@ -269,6 +269,8 @@ SWEEP_3X3 = [
     # columns): boxes cut by odd image edges, asymmetric padding, a last channel block partly past C
     ConvCase("box_c64_75x77", 3, 64, 96, (75, 77), 3, padding=(1, 1, 1, 1)),
     ConvCase("box_c80_asym_61x67", 5, 80, 56, (61, 67), 3, padding=(0, 2, 1, 1)),
+    # 264 output channels: the box list's 128x256 tile, whose shape the shifted taps miscompiled (NOTES version 14)
+    ConvCase("box_c64_264_69x65", 4, 64, 264, (69, 65), 3, padding=(1, 1, 1, 1)),
     # 26 tiles of 128x128 over 36 (fp16) or 72 (tf32) steps, the last row tile partly past M, the channels ending
     # inside the second column tile: small-grid split-K candidates, and the stream-K test below
     ConvCase("c256_19x17_b5", 5, 256, 200, (19, 17), 3, padding=(1, 1, 1, 1)),
@@ -301,40 +303,6 @@ def test_stream_k_on_the_gpu(precision: str, dtype: torch.dtype) -> None:
         )
         assert torch.equal(first, second), f"{tile}: two launches differ"
         assert_close(second, ref, precision, f"stream-K {tile}")
-
-
-# Shifted taps (conv_boxes.py), forced as benchmarks/conv_tile_sweep.py runs them: (block_m, block_n, warps,
-# stages, split_k), on the sweep's stride-1 convs whose output has the input's size.
-SHIFT_TILES = [(128, 128, 8, 4, 1), (128, 128, 8, 3, 1), (64, 128, 4, 4, 2), (128, 64, 4, 4, 1), (64, 256, 8, 3, 1),
-               (128, 256, 8, 3, 2), (64, 64, 4, 4, 1)]  # fmt: skip
-SHIFT_CASES = ["c64_20_b2", "c512_7_b1", "box_c80_asym_61x67", "c256_19x17_b5"]
-
-
-@pytest.mark.parametrize(
-    ("precision", "dtype"),
-    [("tf32", torch.float32), ("ieee", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)],
-    ids=["tf32", "ieee", "bf16-model", "fp16-model"],
-)
-@pytest.mark.parametrize("name", SHIFT_CASES)
-def test_shifted_taps_on_the_gpu(name: str, precision: str, dtype: torch.dtype) -> None:
-    from triton.runtime.errors import OutOfResources
-
-    case = next(c for c in SWEEP_3X3 if c.name == name)
-    epilogue = Epilogue(Activation.SILU, residual=Residual.AFTER_ACT)
-    x, w, b, residual = conv_inputs(case, epilogue, dtype, device="cuda")
-    packed = pack_conv_weight(w, precision)
-    ref = conv_reference(x, w, b, case, epilogue, residual)
-    block_k = 32 if dtype == torch.float32 else 64
-    ran = 0
-    for block_m, block_n, warps, stages, split_k in SHIFT_TILES:
-        tile = TileConfig(block_m, block_n, block_k, 8, warps, stages, split_k, tap_shift=1)
-        try:
-            out = conv2d_act(x, packed, b, padding=case.padding, epilogue=epilogue, residual=residual, tile=tile)
-        except OutOfResources:
-            continue
-        ran += 1
-        assert_close(out, ref, precision, f"{name} shifted taps {tile}")
-    assert ran >= len(SHIFT_TILES) - 1, f"{name}: only {ran} of the shifted-tap tiles fit"
 
 
 @pytest.mark.parametrize(
