@@ -305,6 +305,73 @@ def test_stream_k_on_the_gpu(precision: str, dtype: torch.dtype) -> None:
         assert_close(second, ref, precision, f"stream-K {tile}")
 
 
+# Every conv wider than 1x1 of fuser.models' YOLOv8n, YOLOv8s, ResNet-50 and EfficientNet-B0 (their shapes are the
+# libraries' own: ultralytics', torchvision's), as (C_in, C_out, kernel, stride, padding, input size, groups), listed
+# by a forward with hooks. With tune=True any candidate of theirs can be chosen at any batch, so every one runs.
+MODEL_CONVS = [
+    (3, 16, 3, 2, 1, 640, 1), (3, 32, 3, 2, 1, 224, 1), (3, 32, 3, 2, 1, 640, 1), (3, 64, 7, 2, 3, 224, 1),
+    (16, 16, 3, 1, 1, 160, 1), (16, 32, 3, 2, 1, 320, 1), (32, 32, 3, 1, 1, 80, 1), (32, 32, 3, 1, 1, 112, 32),
+    (32, 32, 3, 1, 1, 160, 1), (32, 64, 3, 2, 1, 160, 1), (32, 64, 3, 2, 1, 320, 1), (64, 64, 3, 1, 1, 20, 1),
+    (64, 64, 3, 1, 1, 40, 1), (64, 64, 3, 1, 1, 56, 1), (64, 64, 3, 1, 1, 80, 1), (64, 64, 3, 2, 1, 80, 1),
+    (64, 80, 3, 1, 1, 80, 1), (64, 128, 3, 2, 1, 80, 1), (64, 128, 3, 2, 1, 160, 1), (80, 80, 3, 1, 1, 20, 1),
+    (80, 80, 3, 1, 1, 40, 1), (80, 80, 3, 1, 1, 80, 1), (96, 96, 3, 2, 1, 112, 96), (128, 64, 3, 1, 1, 40, 1),
+    (128, 64, 3, 1, 1, 80, 1), (128, 80, 3, 1, 1, 40, 1), (128, 128, 3, 1, 1, 20, 1), (128, 128, 3, 1, 1, 28, 1),
+    (128, 128, 3, 1, 1, 40, 1), (128, 128, 3, 1, 1, 80, 1), (128, 128, 3, 2, 1, 40, 1), (128, 128, 3, 2, 1, 56, 1),
+    (128, 128, 3, 2, 1, 80, 1), (128, 256, 3, 2, 1, 40, 1), (128, 256, 3, 2, 1, 80, 1), (144, 144, 3, 1, 1, 56, 144),
+    (144, 144, 5, 2, 2, 56, 144), (240, 240, 3, 2, 1, 28, 240), (240, 240, 5, 1, 2, 28, 240),
+    (256, 64, 3, 1, 1, 20, 1), (256, 64, 3, 1, 1, 40, 1), (256, 80, 3, 1, 1, 20, 1), (256, 128, 3, 1, 1, 40, 1),
+    (256, 256, 3, 1, 1, 14, 1), (256, 256, 3, 1, 1, 20, 1), (256, 256, 3, 2, 1, 28, 1), (256, 256, 3, 2, 1, 40, 1),
+    (256, 512, 3, 2, 1, 40, 1), (480, 480, 3, 1, 1, 14, 480), (480, 480, 5, 1, 2, 14, 480),
+    (512, 64, 3, 1, 1, 20, 1), (512, 128, 3, 1, 1, 20, 1), (512, 512, 3, 1, 1, 7, 1), (512, 512, 3, 2, 1, 14, 1),
+    (672, 672, 5, 1, 2, 14, 672), (672, 672, 5, 2, 2, 14, 672), (1152, 1152, 3, 1, 1, 7, 1152),
+    (1152, 1152, 5, 1, 2, 7, 1152),
+]  # fmt: skip
+MODEL_TILE_SHARDS = 8
+
+
+def model_conv_tiles(precision: str, dtype: torch.dtype) -> list[tuple[ConvCase, TileConfig]]:
+    """Each distinct tile config the models' convs list as candidates at batch 1, 8 or 32, with the first conv
+    and batch that lists it (in the order above: the smallest batch first)."""
+    first: dict[TileConfig, ConvCase] = {}
+    for c_in, c_out, k, stride, pad, size, groups in MODEL_CONVS:
+        packed = pack_conv_weight(torch.randn(c_out, c_in // groups, k, k).to(dtype), precision, groups=groups)
+        for batch in (1, 8, 32):
+            name = f"{c_in}->{c_out}_k{k}s{stride}g{groups}@{size}_b{batch}"
+            case = ConvCase(name, batch, c_in, c_out, (size, size), k, stride=stride, padding=(pad,) * 4, groups=groups)
+            for config in conv2d_tile_candidates((batch, c_in, size, size), packed, stride, case.padding):
+                first.setdefault(config, case)
+    return [(case, config) for config, case in first.items()]
+
+
+@pytest.mark.parametrize(
+    ("precision", "dtype"), [("tf32", torch.float32), ("fp16", torch.float16)], ids=["tf32", "fp16-model"]
+)
+@pytest.mark.parametrize("shard", range(MODEL_TILE_SHARDS))
+def test_every_tile_the_models_convs_can_choose(shard: int, precision: str, dtype: torch.dtype) -> None:
+    """Each config forced on a conv that lists it, against float64 (one shard of the list per test, so that
+    workers share the compiles)."""
+    from triton.runtime.errors import OutOfResources
+
+    epilogue = Epilogue(Activation.SILU, residual=Residual.AFTER_ACT)
+    tiles = model_conv_tiles(precision, dtype)
+    assert len(tiles) > 50, f"only {len(tiles)} distinct configs: the candidate lists or MODEL_CONVS changed"
+    wrong, ran = [], 0
+    for case, config in tiles[shard::MODEL_TILE_SHARDS]:
+        x, w, b, residual = conv_inputs(case, epilogue, dtype, device="cuda")
+        packed = pack_conv_weight(w, precision, groups=case.groups)
+        try:
+            out = conv2d_act(x, packed, b, stride=case.stride, padding=case.padding, epilogue=epilogue,
+                             residual=residual, tile=config)  # fmt: skip
+        except OutOfResources:
+            continue  # autotune counts it as infinitely slow: never chosen by measurement
+        ran += 1
+        error = rel_error(out, conv_reference(x, w, b, case, epilogue, residual))
+        if not error <= TOLERANCE[precision]:
+            wrong.append((case.name, config, error))
+    assert not wrong, f"{precision}: configs beyond tolerance {TOLERANCE[precision]}: {wrong}"
+    assert ran > 0, f"{precision}: no config of shard {shard} fits"
+
+
 @pytest.mark.parametrize(
     ("precision", "dtype"),
     [("tf32", torch.float32), ("ieee", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)],
