@@ -180,11 +180,10 @@ LABEL = re.compile(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)(?:k(\d+))?(?:b(\d+))?(?:sk(\d
 
 def cache_entries(result: dict[str, Any], groups: tuple[str, ...] = ("late",)) -> list[dict[str, Any]]:
     """The rows of a ``conv-tile-sweep.json`` of the layer ``groups`` as autotune cache entries (kernel, problem,
-    every forced config's time; a config that failed to run, or whose output was beyond the precision's tolerance of
-    float64, counts as not running), which
-    ``fuser.kernels.tile_table.build_table`` ranks: what ``benchmarks.tile_table --from-sweep`` adds to the shipped
-    table. Rows of other groups, and configs labelled with a reduction order (the stem's) or as shifted taps, are
-    left out."""
+    every forced config's time), which ``fuser.kernels.tile_table.build_table`` ranks: what ``benchmarks.tile_table
+    --from-sweep`` adds to the shipped table. A config that failed to run, or whose output was beyond the
+    precision's tolerance of float64, counts as not running. Rows of other groups, and configs labelled with a
+    reduction order (the stem's) or as shifted taps, are left out."""
     from fuser.kernels.autotune import TileConfig
     from fuser.kernels.conv_choice import ConvKernel, conv_kernel
     from fuser.verification import TOLERANCE

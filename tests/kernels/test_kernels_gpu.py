@@ -305,9 +305,9 @@ def test_stream_k_on_the_gpu(precision: str, dtype: torch.dtype) -> None:
         assert_close(second, ref, precision, f"stream-K {tile}")
 
 
-# Every conv wider than 1x1 of fuser.models' YOLOv8n, YOLOv8s, ResNet-50 and EfficientNet-B0 (their shapes are the
-# libraries' own: ultralytics', torchvision's), as (C_in, C_out, kernel, stride, padding, input size, groups), listed
-# by a forward with hooks. With tune=True any candidate of theirs can be chosen at any batch, so every one runs.
+# Every conv wider than 1x1 of fuser.models' YOLOv8n, YOLOv8s, ResNet-50 and EfficientNet-B0 (the shapes of
+# ultralytics' and torchvision's builds), as (C_in, C_out, kernel, stride, padding, input size, groups), listed by a
+# forward with hooks. With tune=True any candidate of theirs can be chosen at any batch, so every one runs.
 MODEL_CONVS = [
     (3, 16, 3, 2, 1, 640, 1), (3, 32, 3, 2, 1, 224, 1), (3, 32, 3, 2, 1, 640, 1), (3, 64, 7, 2, 3, 224, 1),
     (16, 16, 3, 1, 1, 160, 1), (16, 32, 3, 2, 1, 320, 1), (32, 32, 3, 1, 1, 80, 1), (32, 32, 3, 1, 1, 112, 32),
