@@ -377,25 +377,33 @@ def source_digest(root: Path | None = None) -> str:
     return digest.hexdigest()[:12]
 
 
-def versions() -> dict[str, str | None]:
-    found: dict[str, str | None] = {"python": platform.python_version(), "torch": torch.__version__}
+def versions() -> dict[str, str | bool | None]:
+    found: dict[str, str | bool | None] = {"python": platform.python_version(), "torch": torch.__version__}
     found["cuda"] = torch.version.cuda
     for dist in ("triton", "torchvision", "timm", "ultralytics", "fuser"):
         try:
             found[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             found[dist] = None
-    try:
-        found["fuser_commit"] = (
-            subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
-            ).stdout.strip()
-            or None
-        )
-    except OSError:
-        found["fuser_commit"] = None
+    found["fuser_commit"], found["fuser_commit_is_source"] = git_commit()
     found["fuser_source"] = source_digest()
     return found
+
+
+def git_commit(root: Path | None = None) -> tuple[str | None, bool | None]:
+    """The git HEAD beside the sources, and whether the sources on disk (:data:`SOURCE_FOLDERS`) are that commit's:
+    False where they differ from it, as on the device machine, whose copy of a working tree keeps the git metadata
+    of an earlier commit (then :func:`source_digest` names the tree). ``(None, None)`` without git."""
+    root = Path(__file__).resolve().parents[1] if root is None else root
+    git = lambda *args: subprocess.run(["git", *args], capture_output=True, text=True, cwd=root)
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        if head.returncode != 0:
+            return None, None
+        changed = git("status", "--porcelain", "--", *SOURCE_FOLDERS).stdout.strip()
+    except OSError:
+        return None, None
+    return head.stdout.strip(), not changed
 
 
 def _fmt(value: Any, spec: str = ".3f") -> str:

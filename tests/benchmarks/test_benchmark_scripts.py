@@ -110,6 +110,26 @@ def test_source_digest_names_the_tree_on_disk(tmp_path: Path) -> None:
     assert len(gpu_models.source_digest()) == 12 and gpu_models.versions()["fuser_source"] == gpu_models.source_digest()
 
 
+def test_the_commit_is_recorded_with_whether_the_sources_are_its(tmp_path: Path) -> None:
+    """A run names the git HEAD beside the sources and says whether the files are that commit's (on the device
+    machine they are not: its copy keeps an earlier commit's metadata)."""
+    import subprocess
+
+    git = lambda *args: subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+    assert gpu_models.git_commit(tmp_path) == (None, None)
+    git("init", "-q")
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "conv.py").write_text("x = 1\n")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, capture_output=True, text=True)
+    assert gpu_models.git_commit(tmp_path) == (head.stdout.strip(), True)
+    (tmp_path / "README.md").write_text("not a source\n")
+    assert gpu_models.git_commit(tmp_path)[1] is True
+    (tmp_path / "kernels" / "conv.py").write_text("x = 2\n")
+    assert gpu_models.git_commit(tmp_path) == (head.stdout.strip(), False)
+
+
 def test_optimize_kwargs_follow_the_signature(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "tune" not in gpu_models.optimize_kwargs("tf32", True, "default")
 
