@@ -26,9 +26,17 @@ AFFINE_RELU = {"PROLOGUE": 16 + 1}  # tiles.PROLOGUE_AFFINE + Activation.RELU
 AFFINE_SILU = {"PROLOGUE": 16 + 4}  # tiles.PROLOGUE_AFFINE + Activation.SILU
 
 
-def compile_sm90(kernel: Any, pointers: dict[str, str], constexprs: dict[str, Any], warps: int = 4) -> Any:
+def compile_sm90(
+    kernel: Any,
+    pointers: dict[str, str],
+    constexprs: dict[str, Any],
+    warps: int = 4,
+    aligned: frozenset[str] = frozenset(),
+) -> Any:
     """Compile ``kernel`` with the given pointer / descriptor argument types (other arguments i32, or fp32
-    for the epilogue scalars) and constexprs, for an H100/H200-class target."""
+    for the epilogue scalars) and constexprs, for an H100/H200-class target. ``aligned`` names the arguments the
+    JIT would specialize as divisible by 16 on a real launch (16-byte aligned pointers, sizes and strides that are
+    multiples of 16): without them triton can prove no vector loads."""
     constexprs = {name: value for name, value in constexprs.items() if name in kernel.arg_names}  # tile(): BOX_W
     signature = {}
     for name in kernel.arg_names:
@@ -38,7 +46,8 @@ def compile_sm90(kernel: Any, pointers: dict[str, str], constexprs: dict[str, An
             signature[name] = pointers[name]
         else:
             signature[name] = "fp32" if name in ("alpha", "scale") else "i32"
-    source = ASTSource(kernel, signature, constexprs=constexprs)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names) if name in aligned}
+    source = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 3})
 
 
@@ -62,7 +71,8 @@ def tile(
 ) -> dict[str, Any]:
     """A tile's constexprs; ``tail``: a split's last program reduces (else splitk.py's reduction kernel)."""
     return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8, "SPLIT_K": split_k,
-            "SPLIT_TAIL": tail, "BOX_W": 0, "STREAM_K": stream_k}  # fmt: skip
+            "SPLIT_TAIL": tail, "BOX_W": 0, "STREAM_K": stream_k, "UNIT_C": True,
+            "UNIT_K": True}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -166,6 +176,69 @@ def test_box_of_one_row_reaches_wgmma_from_shared_memory() -> None:
 
     operands = operands_on_cpu(boxes={"1 row x 64": (64, 64)}, dtypes=(("fp16", 64),))["operands"]
     assert operands == {"fp16 row tiles (pointer gather)": "shared", "fp16 box 1 row x 64": "shared"}
+
+
+# What the JIT specializes as divisible by 16 when a conv reads a dense channels_last input of 64 channels into 128
+# output channels (pointers 16-byte aligned; C, H * W * C, W * C and the packed weight's row stride multiples of 16).
+# The channel stride, 1, is not among them: triton specializes no other value.
+CONV_ALIGNED = frozenset(
+    {
+        "x_ptr",
+        "bias_ptr",
+        "res_ptr",
+        "ps_ptr",
+        "x2_ptr",
+        "ws_ptr",
+        "count_ptr",
+        "C_IN_G",
+        "C_OUT_G",
+        "K_TOTAL",
+        "sx_n",
+        "sx_h",
+        "sx_w",
+        "stride_wn",
+        "stride_om",
+        "stride_wsm",
+    }
+)
+
+
+@pytest.mark.parametrize(("dtype", "block_k"), [("fp16", 64), ("fp32", 32)])
+def test_conv_gather_of_contiguous_channels_copies_16_bytes_at_a_time(dtype: str, block_k: int) -> None:
+    """The row tiles' activation gather from a channels_last input: with ``UNIT_C`` (the launcher's flag for a
+    channel stride of 1) each thread's cp.async copies 16 bytes; with the stride left a runtime value triton
+    cannot see the channels contiguous, and gathers one element per instruction (in fp16 not even as cp.async:
+    2-byte loads into registers, then stores to shared memory)."""
+    pointers = {"x_ptr": f"*{dtype}", "w_ref": f"tensordesc<{dtype}[128, {block_k}]>", "bias_ptr": "*fp32",
+                "res_ptr": f"*{dtype}", "out_ref": f"tensordesc<{dtype}[128, 128]>", "ps_ptr": f"*{dtype}",
+                "x2_ptr": f"*{dtype}", **SPLIT_POINTERS}  # fmt: skip
+    constexprs = {"KH": 3, "KW": 3, "K_ORDER": 0, **EPILOGUE, "RESIDUAL": 0, **NO_PROLOGUE, "VIRTUAL_CAT": False,
+                  "UP": 1, "DOT_PRECISION": "tf32", "UPCAST": False, "USE_DESC": True,
+                  **tile(128, 128, block_k, 1)}  # fmt: skip
+    copies = {}
+    for unit in (True, False):
+        compiled = compile_sm90(conv._conv2d_act_kernel, pointers, {**constexprs, "UNIT_C": unit}, 8, CONV_ALIGNED)
+        ptx = compiled.asm["ptx"]
+        # cp.async's third operand is the bytes copied; a gather without cp.async loads 2 bytes into registers
+        copies[unit] = re.findall(r"cp\.async\.\w+\.shared\.global \[[^]]*\], \[[^]]*\], (\w+)", ptx)
+        copies[unit] += ["b16"] * len(re.findall(r"ld\.global[.\w]*\.b16 ", ptx))
+    assert copies[True] and set(copies[True]) == {"0x10"}, copies[True]
+    assert copies[False] and "0x10" not in copies[False], copies[False]
+
+
+def test_depthwise_loads_contiguous_channels_as_vectors() -> None:
+    """The depthwise kernel with ``VEC`` > 1 (the launcher's channel runs of VEC aligned elements, channel stride 1)
+    loads its input 16 bytes at a time; with VEC = 1 one element at a time."""
+    pointers = {"x_ptr": "*fp16", "w_ptr": "*fp16", "bias_ptr": "*fp32", "res_ptr": "*fp16", "out_ptr": "*fp16",
+                "ps_ptr": "*fp16", "pool_ptr": "*fp16"}  # fmt: skip
+    constexprs = {"KH": 3, "KW": 3, **EPILOGUE, "RESIDUAL": 0, **NO_PROLOGUE, "POOL": 0, "BLOCK_M": 64, "BLOCK_N": 32}
+    loads = {}
+    for vec in (8, 1):
+        ptx = compile_sm90(depthwise._depthwise_act_kernel, pointers, {**constexprs, "VEC": vec},
+                           aligned=frozenset(pointers)).asm["ptx"]  # fmt: skip
+        loads[vec] = (len(re.findall(r"ld\.global[.\w]*\.v4\.", ptx)), len(re.findall(r"ld\.global[.\w]*\.b16 ", ptx)))
+    assert loads[8][0] > 0 and loads[8][1] == 0, loads
+    assert loads[1][0] == 0 and loads[1][1] > 0, loads
 
 
 def test_split_k_reduction_kernel_compiles() -> None:
