@@ -261,9 +261,15 @@ def test_depthwise_compiles(prologue: dict[str, int], pool: int) -> None:
 
 @pytest.mark.parametrize("final", [True, False], ids=["one-split", "partial-sums"])
 def test_channel_mean_compiles(final: bool) -> None:
+    """With ``UNIT_C`` (channels_last input) the sums read 16-byte runs of channels; without, one at a time."""
     pointers = {"x_ptr": "*fp16", "dst_ptr": "*fp16" if final else "*fp32"}
-    constexprs = {"FINAL": final, "BLOCK_P": 32, "BLOCK_C": 64}
-    assert compile_sm90(channel_mean._channel_sum_kernel, pointers, constexprs).asm["ptx"]
+    aligned = frozenset({"x_ptr", "dst_ptr", "C", "sx_n", "sx_h", "sx_w"})
+    scalar_loads = {}
+    for unit in (True, False):
+        constexprs = {"FINAL": final, "BLOCK_P": 32, "BLOCK_C": 64, "UNIT_C": unit}
+        ptx = compile_sm90(channel_mean._channel_sum_kernel, pointers, constexprs, aligned=aligned).asm["ptx"]
+        scalar_loads[unit] = len(re.findall(r"ld\.global[.\w]*\.b16 ", ptx))
+    assert scalar_loads[True] == 0 < scalar_loads[False], scalar_loads
     pointers = {"part_ptr": "*fp32", "out_ptr": "*fp16"}
     assert compile_sm90(channel_mean._add_splits_kernel, pointers, {"BLOCK_S": 32, "BLOCK_C": 64}).asm["ptx"]
 
@@ -273,7 +279,22 @@ def test_pool_pyramid_compiles_with_its_window_rows_as_a_loop() -> None:
     kernel holds one unrolled row of taps, not all 169."""
     from fuser.kernels import pool
 
-    radii = {"R0": 0, "R1": 2, "R2": 4, "R3": 6, "R_MAX": 6, "SLICES": 4, "BLOCK_M": 16, "BLOCK_C": 32}
+    radii = {"R0": 0, "R1": 2, "R2": 4, "R3": 6, "R_MAX": 6, "SLICES": 4, "BLOCK_M": 16, "BLOCK_C": 32, "UNIT_C": False}
     compiled = compile_sm90(pool._max_pool_pyramid_kernel, {"x_ptr": "*fp32", "out_ptr": "*fp32"}, radii)
     ptx = compiled.asm["ptx"]
     assert ptx.count("ld.global") < 13 * 13, "the window's rows were unrolled"
+
+
+def test_pool_pyramid_of_channels_last_input_loads_channel_runs_as_vectors() -> None:
+    """With ``UNIT_C`` (channels_last input and output) the window's loads and the slices' stores move 16-byte
+    runs of channels; without it, one element per instruction."""
+    from fuser.kernels import pool
+
+    radii = {"R0": 0, "R1": 2, "R2": 4, "R3": 6, "R_MAX": 6, "SLICES": 4, "BLOCK_M": 16, "BLOCK_C": 32}
+    aligned = frozenset({"x_ptr", "out_ptr", "C", "sx_n", "sx_h", "sx_w", "so_n", "so_h", "so_w"})
+    scalar = {}
+    for unit in (True, False):
+        compiled = compile_sm90(pool._max_pool_pyramid_kernel, {"x_ptr": "*fp16", "out_ptr": "*fp16"},
+                                {**radii, "UNIT_C": unit}, aligned=aligned)  # fmt: skip
+        scalar[unit] = len(re.findall(r"(?:ld|st)\.global[.\w]*\.b16 ", compiled.asm["ptx"]))
+    assert scalar[True] == 0 < scalar[False], scalar
