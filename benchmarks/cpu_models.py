@@ -20,7 +20,6 @@ import datetime
 import json
 import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
@@ -114,11 +113,10 @@ def run(repeats: int, batch: int, threads: int, only: list[str] | None = None) -
 
 
 def commit() -> str | None:
-    try:
-        found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    except OSError:
-        return None
-    return found.stdout.strip() or None
+    """The git HEAD beside the sources (gpu_models.git_commit), or None without git."""
+    from benchmarks.gpu_models import git_commit
+
+    return git_commit(ROOT)[0]
 
 
 def plot(result: dict, path: Path) -> None:
