@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -305,6 +306,28 @@ def test_stream_k_on_the_gpu(precision: str, dtype: torch.dtype) -> None:
         assert_close(second, ref, precision, f"stream-K {tile}")
 
 
+def forced_tile_error(
+    case: ConvCase,
+    x: torch.Tensor,
+    packed: Any,
+    b: torch.Tensor,
+    residual: Any,
+    ref: torch.Tensor,
+    epilogue: Epilogue,
+    config: TileConfig,
+) -> float | None:
+    """The relative error against ``ref`` of ``case`` run with ``config`` forced, or None where the config does not
+    fit in shared memory (autotune counts such a config as infinitely slow: never chosen by measurement)."""
+    from triton.runtime.errors import OutOfResources
+
+    try:
+        out = conv2d_act(x, packed, b, stride=case.stride, padding=case.padding, dilation=case.dilation,
+                         epilogue=epilogue, residual=residual, tile=config)  # fmt: skip
+    except OutOfResources:
+        return None
+    return rel_error(out, ref)
+
+
 # Every conv wider than 1x1 of fuser.models' YOLOv8n, YOLOv8s, ResNet-50 and EfficientNet-B0 (the shapes of
 # ultralytics' and torchvision's builds), as (C_in, C_out, kernel, stride, padding, input size, groups), listed by a
 # forward with hooks. With tune=True any candidate of theirs can be chosen at any batch, so every one runs.
@@ -350,8 +373,6 @@ def model_conv_tiles(precision: str, dtype: torch.dtype) -> list[tuple[ConvCase,
 def test_every_tile_the_models_convs_can_choose(shard: int, precision: str, dtype: torch.dtype) -> None:
     """Each config forced on a conv that lists it, against float64 (one shard of the list per test, so that
     workers share the compiles)."""
-    from triton.runtime.errors import OutOfResources
-
     epilogue = Epilogue(Activation.SILU, residual=Residual.AFTER_ACT)
     tiles = model_conv_tiles(precision, dtype)
     assert len(tiles) > 50, f"only {len(tiles)} distinct configs: the candidate lists or MODEL_CONVS changed"
@@ -359,13 +380,11 @@ def test_every_tile_the_models_convs_can_choose(shard: int, precision: str, dtyp
     for case, config in tiles[shard::MODEL_TILE_SHARDS]:
         x, w, b, residual = conv_inputs(case, epilogue, dtype, device="cuda")
         packed = pack_conv_weight(w, precision, groups=case.groups)
-        try:
-            out = conv2d_act(x, packed, b, stride=case.stride, padding=case.padding, epilogue=epilogue,
-                             residual=residual, tile=config)  # fmt: skip
-        except OutOfResources:
-            continue  # autotune counts it as infinitely slow: never chosen by measurement
+        ref = conv_reference(x, w, b, case, epilogue, residual)
+        error = forced_tile_error(case, x, packed, b, residual, ref, epilogue, config)
+        if error is None:
+            continue
         ran += 1
-        error = rel_error(out, conv_reference(x, w, b, case, epilogue, residual))
         if not error <= TOLERANCE[precision]:
             wrong.append((case.name, config, error))
     assert not wrong, f"{precision}: configs beyond tolerance {TOLERANCE[precision]}: {wrong}"
@@ -379,8 +398,6 @@ def test_every_tile_the_models_convs_can_choose(shard: int, precision: str, dtyp
 )
 @pytest.mark.parametrize("case", SWEEP_3X3, ids=str)
 def test_every_tile_candidate_on_3x3(case: ConvCase, precision: str, dtype: torch.dtype) -> None:
-    from triton.runtime.errors import OutOfResources
-
     epilogue = Epilogue(Activation.SILU, residual=Residual.AFTER_ACT)
     x, w, b, residual = conv_inputs(case, epilogue, dtype, device="cuda")
     packed = pack_conv_weight(w, precision, groups=case.groups)
@@ -388,14 +405,10 @@ def test_every_tile_candidate_on_3x3(case: ConvCase, precision: str, dtype: torc
     configs = conv2d_tile_candidates(x.shape, packed, case.stride, case.padding, case.dilation)
     wrong, no_fit = [], []
     for config in configs:
-        try:
-            out = conv2d_act(x, packed, b, stride=case.stride, padding=case.padding, dilation=case.dilation,
-                             epilogue=epilogue, residual=residual, tile=config)  # fmt: skip
-        except OutOfResources:
-            no_fit.append(config)  # autotune counts it as infinitely slow: never chosen by measurement
-            continue
-        error = rel_error(out, ref)
-        if not error <= TOLERANCE[precision]:
+        error = forced_tile_error(case, x, packed, b, residual, ref, epilogue, config)
+        if error is None:
+            no_fit.append(config)
+        elif not error <= TOLERANCE[precision]:
             wrong.append((config, error))
     assert not wrong, f"{case} {precision}: configs beyond tolerance {TOLERANCE[precision]}: {wrong}"
     assert configs[0] not in no_fit, f"{case} {precision}: the default config does not fit: {configs[0]}"
