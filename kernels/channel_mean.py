@@ -47,10 +47,7 @@ def _channel_sum_kernel(
     FINAL: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_C: tl.constexpr,
-    UNIT_C: tl.constexpr,
 ):
-    if UNIT_C:  # channels contiguous: a literal 1 lets triton load runs of them as vectors (see conv.py)
-        sx_c = 1
     n = tl.program_id(0)
     split = tl.program_id(2)
     splits = tl.num_programs(2)
@@ -172,7 +169,7 @@ def _plan(x: torch.Tensor, interpret: bool, splits: int | None) -> Callable[[tor
         final = split == 1
         dst = out if final else torch.empty((n, split, c), dtype=torch.float32, device=x.device)
         launch(_channel_sum_kernel, grid, (x, dst, c, hw, w, per_split, *strides, inv_hw),
-               FINAL=final, BLOCK_P=block_p, BLOCK_C=block_c, UNIT_C=strides[1] == 1)  # fmt: skip
+               FINAL=final, BLOCK_P=block_p, BLOCK_C=block_c)  # fmt: skip
         if not final:
             add_splits(dst, out, hw, interpret=interpret)
         return out

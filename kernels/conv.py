@@ -340,17 +340,7 @@ def _conv2d_act_kernel(
     GROUP_M: tl.constexpr,
     BOX_W: tl.constexpr,
     STREAM_K: tl.constexpr,
-    UNIT_C: tl.constexpr,
 ):
-    if UNIT_C:
-        # Every channel stride the kernel reads is 1 (x, the second source, the prologue's factors, the residual).
-        # Triton specializes an int argument only for divisibility by 16: a runtime stride of 1 would leave the
-        # gather one element per load (in fp16 not even cp.async: 2-byte loads, then stores to shared memory),
-        # where the literal lets it copy 16 bytes at a time.
-        sx_c = 1
-        sx2_c = 1
-        sps_c = 1
-        sr_c = 1
     steps = reduction_steps(KH, KW, C_IN_G, K_TOTAL, K_ORDER, BLOCK_K)
     if STREAM_K:
         # Stream-K (one group, row tiles): the steps of all tiles, tile after tile, in equal runs per program.
@@ -935,7 +925,6 @@ def prepare_implicit_gemm(
         "DOT_PRECISION": dot_precision(precision, w_data.dtype),
         "UPCAST": interpret,
         "USE_DESC": use_desc,
-        "UNIT_C": all(t is None or t.stride(1) == 1 for t in (x, virtual[0] if virtual else None, scale2, res4)),
     }
     call = KernelCall(_conv2d_act_kernel, scalars, constexprs, interpret)
     # the residual as the reduction kernel reads it: (image, oh, ow, channel) strides

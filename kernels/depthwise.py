@@ -141,8 +141,7 @@ def _depthwise_act_kernel(
     ih0 = oh * stride_h - pad_top
     iw0 = ow * stride_w - pad_left
     x_rows = x_ptr + n_idx.to(tl.int64) * sx_n
-    # The launcher's VEC > 1 means sx_c == 1; leaving the runtime stride out lets triton see the channels contiguous.
-    c_off = offs_c.to(tl.int64) if VEC > 1 else offs_c.to(tl.int64) * sx_c
+    c_off = offs_c.to(tl.int64) * sx_c
     ps_img = n_idx.to(tl.int64)[:, None] * sps_n
     ps_chan = (offs_c.to(tl.int64) * sps_c)[None, :]
 

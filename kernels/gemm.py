@@ -102,14 +102,7 @@ def _gemm_act_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
-    UNIT_K: tl.constexpr,
 ):
-    if UNIT_K:
-        # A's K stride and the residual's and prologue factors' column strides are 1: as literals they let triton
-        # load those runs 16 bytes at a time (it specializes an int argument only for divisibility by 16).
-        stride_ak = 1
-        stride_rn = 1
-        stride_psk = 1
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     split = tl.program_id(1)
     k_lo, k_hi = split_range(K, split, BLOCK_K, SPLIT_K)
@@ -239,9 +232,6 @@ def prepare_gemm(
         "DOT_PRECISION": dot_precision(precision, w.dtype),
         "UPCAST": interpret,
         "USE_DESC": use_desc,
-        "UNIT_K": a3.stride(2) == 1
-        and (res3 is None or res3.stride(2) == 1)
-        and (scale2 is None or scale2.stride(1) == 1),
     }
     call = KernelCall(_gemm_act_kernel, scalars, constexprs, interpret)
     # The runner outlives this call (with_fallback keeps it): it must not hold the example tensors, which a

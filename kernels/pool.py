@@ -66,11 +66,7 @@ def _max_pool_pyramid_kernel(
     SLICES: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_C: tl.constexpr,
-    UNIT_C: tl.constexpr,
 ):
-    if UNIT_C:  # channels_last x and out: a literal 1 lets triton load and store runs of channels as vectors
-        sx_c = 1
-        so_c = 1
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     m_ok = offs_m < M
@@ -170,7 +166,6 @@ def max_pool_pyramid_plan(
         "SLICES": len(radii),
         "BLOCK_M": block_m,
         "BLOCK_C": block_c,
-        "UNIT_C": channels_last and x.stride(1) == 1,
     }
     options = LaunchOptions({**constexprs, "num_warps": warps, "num_stages": 1})
 

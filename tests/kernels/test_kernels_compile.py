@@ -26,17 +26,9 @@ AFFINE_RELU = {"PROLOGUE": 16 + 1}  # tiles.PROLOGUE_AFFINE + Activation.RELU
 AFFINE_SILU = {"PROLOGUE": 16 + 4}  # tiles.PROLOGUE_AFFINE + Activation.SILU
 
 
-def compile_sm90(
-    kernel: Any,
-    pointers: dict[str, str],
-    constexprs: dict[str, Any],
-    warps: int = 4,
-    aligned: frozenset[str] = frozenset(),
-) -> Any:
+def compile_sm90(kernel: Any, pointers: dict[str, str], constexprs: dict[str, Any], warps: int = 4) -> Any:
     """Compile ``kernel`` with the given pointer / descriptor argument types (other arguments i32, or fp32
-    for the epilogue scalars) and constexprs, for an H100/H200-class target. ``aligned`` names the arguments the
-    JIT would specialize as divisible by 16 on a real launch (16-byte aligned pointers, sizes and strides that are
-    multiples of 16): without them triton can prove no vector loads."""
+    for the epilogue scalars) and constexprs, for an H100/H200-class target."""
     constexprs = {name: value for name, value in constexprs.items() if name in kernel.arg_names}  # tile(): BOX_W
     signature = {}
     for name in kernel.arg_names:
@@ -46,8 +38,7 @@ def compile_sm90(
             signature[name] = pointers[name]
         else:
             signature[name] = "fp32" if name in ("alpha", "scale") else "i32"
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names) if name in aligned}
-    source = ASTSource(kernel, signature, constexprs=constexprs, attrs=attrs)
+    source = ASTSource(kernel, signature, constexprs=constexprs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 3})
 
 
@@ -71,8 +62,7 @@ def tile(
 ) -> dict[str, Any]:
     """A tile's constexprs; ``tail``: a split's last program reduces (else splitk.py's reduction kernel)."""
     return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8, "SPLIT_K": split_k,
-            "SPLIT_TAIL": tail, "BOX_W": 0, "STREAM_K": stream_k, "UNIT_C": True,
-            "UNIT_K": True}  # fmt: skip
+            "SPLIT_TAIL": tail, "BOX_W": 0, "STREAM_K": stream_k}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -178,69 +168,6 @@ def test_box_of_one_row_reaches_wgmma_from_shared_memory() -> None:
     assert operands == {"fp16 row tiles (pointer gather)": "shared", "fp16 box 1 row x 64": "shared"}
 
 
-# What the JIT specializes as divisible by 16 when a conv reads a dense channels_last input of 64 channels into 128
-# output channels (pointers 16-byte aligned; C, H * W * C, W * C and the packed weight's row stride multiples of 16).
-# The channel stride, 1, is not among them: triton specializes no other value.
-CONV_ALIGNED = frozenset(
-    {
-        "x_ptr",
-        "bias_ptr",
-        "res_ptr",
-        "ps_ptr",
-        "x2_ptr",
-        "ws_ptr",
-        "count_ptr",
-        "C_IN_G",
-        "C_OUT_G",
-        "K_TOTAL",
-        "sx_n",
-        "sx_h",
-        "sx_w",
-        "stride_wn",
-        "stride_om",
-        "stride_wsm",
-    }
-)
-
-
-@pytest.mark.parametrize(("dtype", "block_k"), [("fp16", 64), ("fp32", 32)])
-def test_conv_gather_of_contiguous_channels_copies_16_bytes_at_a_time(dtype: str, block_k: int) -> None:
-    """The row tiles' activation gather from a channels_last input: with ``UNIT_C`` (the launcher's flag for a
-    channel stride of 1) each thread's cp.async copies 16 bytes; with the stride left a runtime value triton
-    cannot see the channels contiguous, and gathers one element per instruction (in fp16 not even as cp.async:
-    2-byte loads into registers, then stores to shared memory)."""
-    pointers = {"x_ptr": f"*{dtype}", "w_ref": f"tensordesc<{dtype}[128, {block_k}]>", "bias_ptr": "*fp32",
-                "res_ptr": f"*{dtype}", "out_ref": f"tensordesc<{dtype}[128, 128]>", "ps_ptr": f"*{dtype}",
-                "x2_ptr": f"*{dtype}", **SPLIT_POINTERS}  # fmt: skip
-    constexprs = {"KH": 3, "KW": 3, "K_ORDER": 0, **EPILOGUE, "RESIDUAL": 0, **NO_PROLOGUE, "VIRTUAL_CAT": False,
-                  "UP": 1, "DOT_PRECISION": "tf32", "UPCAST": False, "USE_DESC": True,
-                  **tile(128, 128, block_k, 1)}  # fmt: skip
-    copies = {}
-    for unit in (True, False):
-        compiled = compile_sm90(conv._conv2d_act_kernel, pointers, {**constexprs, "UNIT_C": unit}, 8, CONV_ALIGNED)
-        ptx = compiled.asm["ptx"]
-        # cp.async's third operand is the bytes copied; a gather without cp.async loads 2 bytes into registers
-        copies[unit] = re.findall(r"cp\.async\.\w+\.shared\.global \[[^]]*\], \[[^]]*\], (\w+)", ptx)
-        copies[unit] += ["b16"] * len(re.findall(r"ld\.global[.\w]*\.b16 ", ptx))
-    assert copies[True] and set(copies[True]) == {"0x10"}, copies[True]
-    assert copies[False] and "0x10" not in copies[False], copies[False]
-
-
-def test_depthwise_loads_contiguous_channels_as_vectors() -> None:
-    """The depthwise kernel with ``VEC`` > 1 (the launcher's channel runs of VEC aligned elements, channel stride 1)
-    loads its input 16 bytes at a time; with VEC = 1 one element at a time."""
-    pointers = {"x_ptr": "*fp16", "w_ptr": "*fp16", "bias_ptr": "*fp32", "res_ptr": "*fp16", "out_ptr": "*fp16",
-                "ps_ptr": "*fp16", "pool_ptr": "*fp16"}  # fmt: skip
-    constexprs = {"KH": 3, "KW": 3, **EPILOGUE, "RESIDUAL": 0, **NO_PROLOGUE, "POOL": 0, "BLOCK_M": 64, "BLOCK_N": 32}
-    loads = {}
-    for vec in (8, 1):
-        ptx = compile_sm90(depthwise._depthwise_act_kernel, pointers, {**constexprs, "VEC": vec},
-                           aligned=frozenset(pointers)).asm["ptx"]  # fmt: skip
-        loads[vec] = (len(re.findall(r"ld\.global[.\w]*\.v4\.", ptx)), len(re.findall(r"ld\.global[.\w]*\.b16 ", ptx)))
-    assert loads[8][0] > 0 and loads[8][1] == 0, loads
-    assert loads[1][0] == 0 and loads[1][1] > 0, loads
-
-
 def test_split_k_reduction_kernel_compiles() -> None:
     pointers = {"ws_ptr": "*fp32", "bias_ptr": "*fp32", "res_ptr": "*fp16", "out_ptr": "*fp16"}
     constexprs = {"SPLIT_K": 16, **EPILOGUE, "BLOCK_M": 32, "BLOCK_N": 64}
@@ -261,15 +188,9 @@ def test_depthwise_compiles(prologue: dict[str, int], pool: int) -> None:
 
 @pytest.mark.parametrize("final", [True, False], ids=["one-split", "partial-sums"])
 def test_channel_mean_compiles(final: bool) -> None:
-    """With ``UNIT_C`` (channels_last input) the sums read 16-byte runs of channels; without, one at a time."""
     pointers = {"x_ptr": "*fp16", "dst_ptr": "*fp16" if final else "*fp32"}
-    aligned = frozenset({"x_ptr", "dst_ptr", "C", "sx_n", "sx_h", "sx_w"})
-    scalar_loads = {}
-    for unit in (True, False):
-        constexprs = {"FINAL": final, "BLOCK_P": 32, "BLOCK_C": 64, "UNIT_C": unit}
-        ptx = compile_sm90(channel_mean._channel_sum_kernel, pointers, constexprs, aligned=aligned).asm["ptx"]
-        scalar_loads[unit] = len(re.findall(r"ld\.global[.\w]*\.b16 ", ptx))
-    assert scalar_loads[True] == 0 < scalar_loads[False], scalar_loads
+    constexprs = {"FINAL": final, "BLOCK_P": 32, "BLOCK_C": 64}
+    assert compile_sm90(channel_mean._channel_sum_kernel, pointers, constexprs).asm["ptx"]
     pointers = {"part_ptr": "*fp32", "out_ptr": "*fp16"}
     assert compile_sm90(channel_mean._add_splits_kernel, pointers, {"BLOCK_S": 32, "BLOCK_C": 64}).asm["ptx"]
 
@@ -279,22 +200,7 @@ def test_pool_pyramid_compiles_with_its_window_rows_as_a_loop() -> None:
     kernel holds one unrolled row of taps, not all 169."""
     from fuser.kernels import pool
 
-    radii = {"R0": 0, "R1": 2, "R2": 4, "R3": 6, "R_MAX": 6, "SLICES": 4, "BLOCK_M": 16, "BLOCK_C": 32, "UNIT_C": False}
+    radii = {"R0": 0, "R1": 2, "R2": 4, "R3": 6, "R_MAX": 6, "SLICES": 4, "BLOCK_M": 16, "BLOCK_C": 32}
     compiled = compile_sm90(pool._max_pool_pyramid_kernel, {"x_ptr": "*fp32", "out_ptr": "*fp32"}, radii)
     ptx = compiled.asm["ptx"]
     assert ptx.count("ld.global") < 13 * 13, "the window's rows were unrolled"
-
-
-def test_pool_pyramid_of_channels_last_input_loads_channel_runs_as_vectors() -> None:
-    """With ``UNIT_C`` (channels_last input and output) the window's loads and the slices' stores move 16-byte
-    runs of channels; without it, one element per instruction."""
-    from fuser.kernels import pool
-
-    radii = {"R0": 0, "R1": 2, "R2": 4, "R3": 6, "R_MAX": 6, "SLICES": 4, "BLOCK_M": 16, "BLOCK_C": 32}
-    aligned = frozenset({"x_ptr", "out_ptr", "C", "sx_n", "sx_h", "sx_w", "so_n", "so_h", "so_w"})
-    scalar = {}
-    for unit in (True, False):
-        compiled = compile_sm90(pool._max_pool_pyramid_kernel, {"x_ptr": "*fp16", "out_ptr": "*fp16"},
-                                {**radii, "UNIT_C": unit}, aligned=aligned)  # fmt: skip
-        scalar[unit] = len(re.findall(r"(?:ld|st)\.global[.\w]*\.b16 ", compiled.asm["ptx"]))
-    assert scalar[True] == 0 < scalar[False], scalar
