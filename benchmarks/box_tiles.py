@@ -76,7 +76,7 @@ def operands_on_cpu(boxes: dict[str, tuple[int, int]] = IR_BOXES, dtypes=(("fp16
                       "ROUND_TF32": False, "PROLOGUE": 0, "VIRTUAL_CAT": False, "UP": 1, "DOT_PRECISION": "tf32",
                       "UPCAST": False, "USE_DESC": True, "SPLIT_K": 1, "SPLIT_TAIL": False, "BLOCK_M": block_m,
                       "BLOCK_N": 128, "BLOCK_K": block_k, "GROUP_M": 8, "BOX_W": box_w, "STREAM_K": False,
-                      "UNIT_C": True}  # fmt: skip
+                      "UNIT_C": True, "TAP_SHIFT": False}  # fmt: skip
         kernel = conv._conv2d_act_kernel
         scalar = lambda name: "fp32" if name in ("alpha", "scale") else "i32"
         signature = {
