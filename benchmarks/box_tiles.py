@@ -75,7 +75,8 @@ def operands_on_cpu(boxes: dict[str, tuple[int, int]] = IR_BOXES, dtypes=(("fp16
         constexprs = {"KH": 3, "KW": 3, "K_ORDER": 0, "HAS_BIAS": True, "ACT": 4, "RESIDUAL": 0, "HAS_SCALE": False,
                       "ROUND_TF32": False, "PROLOGUE": 0, "VIRTUAL_CAT": False, "UP": 1, "DOT_PRECISION": "tf32",
                       "UPCAST": False, "USE_DESC": True, "SPLIT_K": 1, "SPLIT_TAIL": False, "BLOCK_M": block_m,
-                      "BLOCK_N": 128, "BLOCK_K": block_k, "GROUP_M": 8, "BOX_W": box_w, "STREAM_K": False}  # fmt: skip
+                      "BLOCK_N": 128, "BLOCK_K": block_k, "GROUP_M": 8, "BOX_W": box_w, "STREAM_K": False,
+                      "TAP_SHIFT": False}  # fmt: skip
         kernel = conv._conv2d_act_kernel
         scalar = lambda name: "fp32" if name in ("alpha", "scale") else "i32"
         signature = {

@@ -81,9 +81,9 @@ def extra_tiles(c_in: int, c_out: int, k: int = 1, stride: int = 1, elem: int = 
 
 def long_k_tiles(c_in: int, c_out: int, stride: int, elem: int) -> list[Any]:
     """Tiles for 3x3 convs whose grid of 128x128 tiles leaves SMs idle: split-K 1-4 of 64- to 256-wide tiles,
-    TF32 with a 64-wide K step, and at stride 2 box tiles of 16 columns. (Stream-K ran here in
-    results/conv-tile-sweep-2026-12-03b.json and shifted taps in -03c.json, both since removed from the sweep:
-    kernels/NOTES.md versions 13 and 14.)"""
+    TF32 with a 64-wide K step, at stride 1 shifted taps over a zero-bordered input (labels ending in 't'), and
+    at stride 2 box tiles of 16 columns. (Stream-K ran here in results/conv-tile-sweep-2026-12-03b.json and the
+    masked shifted taps in -03c.json: kernels/NOTES.md versions 13 and 14.)"""
     from fuser.kernels.autotune import TileConfig
 
     bk = 64 if elem == 2 else 32
@@ -94,6 +94,11 @@ def long_k_tiles(c_in: int, c_out: int, stride: int, elem: int) -> list[Any]:
     out = [TileConfig(bm, min(bn, bn_cap), bk, 8, w, s, k) for bm, bn, w, s, k in shapes]
     if elem == 4:
         out += [TileConfig(128, min(128, bn_cap), 64, 8, 8, 3, k) for k in (1, 2)]
+    if stride == 1:  # shifted taps over a zero-bordered input (conv_boxes.py, an experiment), whole and split in two
+        out += [TileConfig(bm, min(bn, bn_cap), bk, 8, w, s, k, tap_shift=1) for bm, bn, w, s, k in
+                [(128, 128, 8, 4, 1), (128, 128, 8, 3, 1), (128, 128, 8, 4, 2), (64, 128, 4, 4, 1),
+                 (64, 128, 4, 4, 2), (128, 64, 4, 4, 1), (64, 256, 8, 3, 1), (64, 256, 8, 3, 2),
+                 (128, 256, 8, 3, 1), (128, 256, 8, 3, 2)]]  # fmt: skip
     if stride == 2:
         out += [TileConfig(bm, min(bn, bn_cap), bk, 8, w, s, 1, 16) for bm, bn, w, s in
                 [(64, 128, 4, 4), (128, 128, 8, 3), (128, 64, 4, 4), (64, 128, 4, 3), (128, 128, 4, 4)]]  # fmt: skip
@@ -104,6 +109,7 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
     from fuser.epilogue import Activation, Epilogue
     from fuser.kernels import autotune, conv, conv_choice, pack_conv_weight
     from fuser.kernels.autotune import do_bench_ms
+    from fuser.kernels.conv_boxes import bordered_input
 
     name, c_in, c_out, k, stride, pad, size, scaled, act = layer
     dtype = getattr(torch, dtype_name)
@@ -146,6 +152,8 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
     call = lambda p: lambda: p(x, packed.data, bias32, None, out, scale)
     chosen_before = set(autotune._memory)  # the default's choice is the one entry its plan adds
     row["default"] = timed(call(plan(None, shipped_min)))
+    if k > 1 and stride == 1 and 2 * pad == k - 1:  # what a shifted-tap launch spends copying into the bordered buffer
+        row["bordered_copy_ms"] = do_bench_ms(lambda: bordered_input(x, pad, pad))
     added = [choice.config for key, choice in autotune._memory.items() if key not in chosen_before]
     row["default"]["config"] = asdict(added[-1]) if added else None
     configs: dict[str, Any] = {}
@@ -162,6 +170,7 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
                 + (f"k{tile.split_k}" if tile.split_k > 1 else "")
                 + (f"b{tile.box_w}" if tile.box_w else "")
                 + (f"sk{tile.stream_k}" if tile.stream_k else "")
+                + ("t" if tile.tap_shift else "")
             )
             try:
                 configs[label] = timed(call(plan(tile, row_min)))
@@ -173,8 +182,8 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
     return row
 
 
-# layer_row's labels; a trailing "t" marks the shifted-tap tiles of results/conv-tile-sweep-2026-12-03c.json,
-# which no tree since can run (cache_entries leaves them out)
+# layer_row's labels; a trailing "t" marks shifted taps, an experiment that no candidate list offers (and the
+# masked kind of results/conv-tile-sweep-2026-12-03c.json): cache_entries leaves them out
 LABEL = re.compile(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)(?:k(\d+))?(?:b(\d+))?(?:sk(\d+))?(t)?")
 
 

@@ -259,6 +259,7 @@ def _describe(config: TileConfig) -> str:
     text = f"{config.block_m}x{config.block_n}x{config.block_k} w{config.num_warps} s{config.num_stages}"
     text += f" split{config.split_k}" if config.split_k != 1 else ""
     text += f" box{config.box_w}" if config.box_w else ""
+    text += " shift" if config.tap_shift else ""
     return text + (f" streamk{config.stream_k}" if config.stream_k else "")
 
 

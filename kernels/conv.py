@@ -39,6 +39,8 @@ import triton.language as tl
 
 from .autotune import Problem, TileConfig, device_facts, matmul_candidates
 from .conv_boxes import (
+    bordered_input,
+    bordered_rows,
     box_block,
     box_candidates,
     box_descriptor_view,
@@ -47,6 +49,7 @@ from .conv_boxes import (
     box_shape_refusal,
     boxes_by_default,
     load_tap_box,
+    tap_shift_refusal,
 )
 from .conv_choice import ConvKernel, conv_kernel, reduction_order
 from .depthwise import depthwise_candidates, prepare_depthwise
@@ -148,6 +151,7 @@ def _implicit_gemm_tile(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BOX_W: tl.constexpr,
+    TAP_SHIFT: tl.constexpr,
 ):
     """The float32 accumulator of output tile ``(pid_m, pid_n)`` of ``group`` over reduction steps
     ``[step_lo, step_hi)`` (:func:`reduction_steps` counts them), and the tile's rows and channels:
@@ -163,6 +167,9 @@ def _implicit_gemm_tile(
     if BOX_W > 0:
         offs_m, m_ok, n_idx, oh, ow, box_image, box_oh0, box_ow0 = box_rows(pid_m, OH, OW, BLOCK_M, BOX_W)
         x_rows = 0  # x_ptr is the box descriptor: no row addresses
+    elif TAP_SHIFT:
+        offs_m, m_ok, n_idx, oh, ow = bordered_rows(pid_m, M, OH, OW, pad_top, pad_left, BLOCK_M)
+        x_rows = 0  # x_ptr is the descriptor over the zero-bordered input's rows
     else:
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = offs_m < M
@@ -228,14 +235,17 @@ def _implicit_gemm_tile(
                 ih = ih0 + kh * dil_h
                 iw = iw0 + kw * dil_w
                 row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-                if VIRTUAL_CAT:
-                    a_ptrs = virtual_cat_pointers(x_ptr, x2_ptr, n_idx, ih, iw, c, c0, C_A, sx_n, sx_h, sx_w,
-                                                  sx_c, sx2_n, sx2_h, sx2_w, sx2_c, UP)  # fmt: skip
+                if TAP_SHIFT:
+                    a = x_ptr.load([pid_m * BLOCK_M + (kh - pad_top) * (W + pad_left) + kw - pad_left, c0])
                 else:
-                    pix = ih.to(tl.int64) * sx_h + iw.to(tl.int64) * sx_w
-                    a_ptrs = x_rows[:, None] + pix[:, None] + (c * sx_c)[None, :]
-                a = load_operand(a_ptrs, row_ok[:, None] & c_ok[None, :], ps_ptr, ps_img,
-                                 ((group * C_IN_G + c) * sps_c)[None, :], PROLOGUE)  # fmt: skip
+                    if VIRTUAL_CAT:
+                        a_ptrs = virtual_cat_pointers(x_ptr, x2_ptr, n_idx, ih, iw, c, c0, C_A, sx_n, sx_h, sx_w,
+                                                      sx_c, sx2_n, sx2_h, sx2_w, sx2_c, UP)  # fmt: skip
+                    else:
+                        pix = ih.to(tl.int64) * sx_h + iw.to(tl.int64) * sx_w
+                        a_ptrs = x_rows[:, None] + pix[:, None] + (c * sx_c)[None, :]
+                    a = load_operand(a_ptrs, row_ok[:, None] & c_ok[None, :], ps_ptr, ps_img,
+                                     ((group * C_IN_G + c) * sps_c)[None, :], PROLOGUE)  # fmt: skip
             k_w = tap * C_IN_G + c0
             if USE_DESC:
                 # Columns past this tap's channels belong to the next tap; a's zeros cancel them.
@@ -340,6 +350,7 @@ def _conv2d_act_kernel(
     GROUP_M: tl.constexpr,
     BOX_W: tl.constexpr,
     STREAM_K: tl.constexpr,
+    TAP_SHIFT: tl.constexpr,
 ):
     steps = reduction_steps(KH, KW, C_IN_G, K_TOTAL, K_ORDER, BLOCK_K)
     if STREAM_K:
@@ -359,7 +370,7 @@ def _conv2d_act_kernel(
                 pid_m, pid_n, 0, lo, hi, x_ptr, w_ref, ps_ptr, x2_ptr, H, W, C_IN_G, OH, OW, C_OUT_G, M, K_TOTAL,
                 stride_h, stride_w, pad_top, pad_left, dil_h, dil_w, sx_n, sx_h, sx_w, sx_c, stride_wn, sps_n, sps_c,
                 C_A, sx2_n, sx2_h, sx2_w, sx2_c, KH, KW, K_ORDER, PROLOGUE, VIRTUAL_CAT, UP, DOT_PRECISION, UPCAST,
-                USE_DESC, BLOCK_M, BLOCK_N, BLOCK_K, BOX_W,
+                USE_DESC, BLOCK_M, BLOCK_N, BLOCK_K, BOX_W, TAP_SHIFT,
             )  # fmt: skip
             first = tile * steps // per
             slots = ((tile + 1) * steps - 1) // per - first + 1
@@ -376,6 +387,9 @@ def _conv2d_act_kernel(
         if BOX_W > 0:  # box tiles (conv_boxes.py): the tile count is per image, boxes padded at its edges
             box_rows_total = (M // (OH * OW)) * tl.cdiv(OH, BLOCK_M // BOX_W) * tl.cdiv(OW, BOX_W) * BLOCK_M
             pid_m, pid_n = grouped_tile(tl.program_id(0), box_rows_total, C_OUT_G, BLOCK_M, BLOCK_N, GROUP_M)
+        elif TAP_SHIFT:  # shifted taps (conv_boxes.py): the tiles cover the zero-bordered images' pixels
+            bordered_total = (M // (OH * OW)) * (OH + pad_top) * (OW + pad_left)
+            pid_m, pid_n = grouped_tile(tl.program_id(0), bordered_total, C_OUT_G, BLOCK_M, BLOCK_N, GROUP_M)
         else:
             pid_m, pid_n = grouped_tile(tl.program_id(0), M, C_OUT_G, BLOCK_M, BLOCK_N, GROUP_M)
         group = tl.program_id(1)
@@ -385,13 +399,14 @@ def _conv2d_act_kernel(
             pid_m, pid_n, group, lo, hi, x_ptr, w_ref, ps_ptr, x2_ptr, H, W, C_IN_G, OH, OW, C_OUT_G, M, K_TOTAL,
             stride_h, stride_w, pad_top, pad_left, dil_h, dil_w, sx_n, sx_h, sx_w, sx_c, stride_wn, sps_n, sps_c,
             C_A, sx2_n, sx2_h, sx2_w, sx2_c, KH, KW, K_ORDER, PROLOGUE, VIRTUAL_CAT, UP, DOT_PRECISION, UPCAST,
-            USE_DESC, BLOCK_M, BLOCK_N, BLOCK_K, BOX_W,
+            USE_DESC, BLOCK_M, BLOCK_N, BLOCK_K, BOX_W, TAP_SHIFT,
         )  # fmt: skip
         res_rows = row_offsets(n_idx, oh, ow, sr_n, sr_h, sr_w)
         tile_id = tl.program_id(0) + group * tl.num_programs(0)
         finish_tile(acc, out_ref, ws_ptr, count_ptr, tile_id, offs_m, channels, m_ok, n_ok, pid_m * BLOCK_M,
                     pid_n * BLOCK_N, split, M, stride_wsm, stride_om, bias_ptr, res_ptr, res_rows, sr_c, alpha,
-                    scale, HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, ROUND_TF32, USE_DESC and BOX_W == 0, SPLIT_K,
+                    scale, HAS_BIAS, ACT, RESIDUAL, HAS_SCALE, ROUND_TF32, USE_DESC and BOX_W == 0 and not TAP_SHIFT,
+                    SPLIT_K,
                     SPLIT_TAIL)  # fmt: skip
 
 
@@ -891,10 +906,14 @@ def prepare_implicit_gemm(
         raise ValueError(f"{op}: box tiles (tile box_w={tile.box_w}) cannot read {box_why_not}")
     if tile is not None and tile.box_w and tile.split_k > 1:
         raise ValueError(f"{op}: box tiles are not split (tile split_k={tile.split_k})")
-    if tile is not None and tile.stream_k and (tile.box_w or tile.split_k > 1 or groups != 1):
+    shift_why_not = tap_shift_refusal(box_why_not, stride, padding, (h, w), (oh, ow))
+    if tile is not None and tile.tap_shift and (shift_why_not is not None or tile.box_w):
+        why = shift_why_not or f"box tiles (tile box_w={tile.box_w}): a tile is rows or a box"
+        raise ValueError(f"{op}: shifted taps (tile tap_shift={tile.tap_shift}) cannot read {why}")
+    if tile is not None and tile.stream_k and (tile.box_w or tile.tap_shift or tile.split_k > 1 or groups != 1):
         raise ValueError(
             f"{op}: stream-K (tile stream_k={tile.stream_k}) deals the row tiles of one group: not with box_w="
-            f"{tile.box_w}, split_k={tile.split_k} or groups={groups}"
+            f"{tile.box_w}, tap_shift={tile.tap_shift}, split_k={tile.split_k} or groups={groups}"
         )
     res_strides = res4.stride() if res4 is not None else (0, 0, 0, 0)
     scalars = (
@@ -939,7 +958,8 @@ def prepare_implicit_gemm(
         if order == ConvKernel.IMPLICIT_GEMM_ROW_RUNS:  # one K step per filter row, whatever the config
             config = dataclasses.replace(config, block_k=row_block(c_in_g, kw))
         options = call.options(config, SPLIT_TAIL=reduces_in_tail(config))
-        tiles, slots = cdiv(m, config.block_m) * cdiv(c_out_g, config.block_n), None
+        rows_total = n * (oh + padding[0]) * (ow + padding[2]) if config.tap_shift else m
+        tiles, slots = cdiv(rows_total, config.block_m) * cdiv(c_out_g, config.block_n), None
         if config.box_w:
             boxes = n * cdiv(oh, config.block_m // config.box_w) * cdiv(ow, config.box_w)
             grid = (boxes * cdiv(c_out_g, config.block_n), groups, 1)
@@ -951,7 +971,8 @@ def prepare_implicit_gemm(
             grid = (tiles, groups, config.split_k)
         w_block, out_block = [config.block_n, config.block_k], [config.block_m, config.block_n]
         x_block = box_block(config) if config.box_w else None
-        out_desc = use_desc and not config.box_w  # a box's rows are not one block of the output rows
+        shift_block = [config.block_m, config.block_k] if config.tap_shift else None
+        out_desc = use_desc and not config.box_w and not config.tap_shift  # rows not one block of the output's
         split = None
         if config.split_k > 1 or config.stream_k:
             split = SplitK(config, m, c_out, tiles * groups, (oh, ow), res_rows, out_row_stride, epilogue, has_bias,
@@ -971,6 +992,8 @@ def prepare_implicit_gemm(
             out_ref = make_descriptor(out2, out_block) if out_desc else out2
             if x_block is not None:
                 x = make_descriptor(box_descriptor_view(x, stride), x_block)
+            elif shift_block is not None:
+                x = make_descriptor(bordered_input(x, padding[0], padding[2]), shift_block)
             if split is not None:
                 main = lambda ws, counts: call.launch(grid, (x, w_ref, bias32, res4, out_ref, scale2, x2, ws, counts),
                                                       options)  # fmt: skip

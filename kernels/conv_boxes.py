@@ -18,6 +18,15 @@ prologue keep the row tiles (conv.py).
 
 ``box_w`` is a field of the tile config (tile_config.py); :func:`box_candidates` lists the box configs a
 launch may measure, and :func:`box_refusal` says why a launch cannot use them.
+
+Shifted taps (``tap_shift``, an experiment: forced tiles only). The input is first copied into a zero-bordered
+buffer ``[N, H + pad_top, W + pad_left, C]`` (the conv's pixel ``(h, w)`` at ``(h + pad_top, w + pad_left)``; the
+zero rows and columns on top and left double as the previous image's bottom and the previous row's right
+border). The GEMM then runs over the bordered grid's rows: bordered pixel ``q`` reads, for tap ``(kh, kw)``, bordered
+pixel ``q + (kh - pad_top) * (W + pad_left) + kw - pad_left``, which is zero wherever the conv pads. So a tile's
+activation tile per tap is one 2-D descriptor load of consecutive rows with no mask (the operand can reach wgmma
+from shared memory, as in a plain GEMM), at the cost of the border rows' and columns' wasted outputs (10% on a
+20x20 image, 31% on 7x7) and the copy. :func:`tap_shift_refusal` says which convs allow it.
 """
 
 from __future__ import annotations
@@ -92,6 +101,23 @@ def load_tap_box(
     return tl.reshape(a, [BLOCK_M, BLOCK_K])
 
 
+@triton.jit
+def bordered_rows(pid_m, M, OH, OW, pad_top, pad_left, BLOCK_M: tl.constexpr):
+    """Tile ``pid_m`` of the zero-bordered grid (shifted taps) as output rows: ``offs_m, m_ok, n_idx, oh, ow``, the
+    border's rows and those past the last image masked (``m_ok``) and decoded to row 0."""
+    q = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row = OW + pad_left
+    per_image = (OH + pad_top) * row
+    image = q // per_image
+    hp = (q - image * per_image) // row
+    wp = q - image * per_image - hp * row
+    m_ok = (image < M // (OH * OW)) & (hp >= pad_top) & (wp >= pad_left)
+    n_idx = tl.where(m_ok, image, 0)
+    oh = tl.where(m_ok, hp - pad_top, 0)
+    ow = tl.where(m_ok, wp - pad_left, 0)
+    return (n_idx * OH + oh) * OW + ow, m_ok, n_idx, oh, ow
+
+
 def box_shape_refusal(
     c_in: int, c_out: int, h: int, w: int, groups: int, stride: Sequence[int], dilation: Sequence[int], elem: int
 ) -> str | None:
@@ -136,6 +162,39 @@ def box_refusal(
     if transformed:
         return "an input prologue or a virtual concatenation (box tiles do not transform the input)"
     return None
+
+
+def tap_shift_refusal(
+    box_why_not: str | None,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    in_size: tuple[int, int],
+    out_size: tuple[int, int],
+) -> str | None:
+    """Why shifted taps cannot read this input, or None: whatever rules out box tiles (``box_why_not``, a dense
+    channels_last input of the weights' dtype), stride 1, an output of the input's size (else consecutive output
+    pixels do not read consecutive input pixels), and padding no wider at the bottom and right than at the top and
+    left (the bordered buffer's top and left borders serve both sides)."""
+    if box_why_not is not None:
+        return box_why_not
+    if tuple(stride) != (1, 1):
+        return f"stride {tuple(stride)} (shifted taps need stride 1)"
+    if tuple(out_size) != tuple(in_size):
+        sizes = f"a {in_size[0]}x{in_size[1]} input with a {out_size[0]}x{out_size[1]} output"
+        return f"{sizes} (shifted taps need the input's size)"
+    top, bottom, left, right = padding
+    if bottom > top or right > left:
+        return f"padding {tuple(padding)} (shifted taps need bottom <= top and right <= left)"
+    return None
+
+
+def bordered_input(x: torch.Tensor, top: int, left: int) -> torch.Tensor:
+    """A new ``[N * (H + top) * (W + left), C]`` buffer holding the channels_last ``x`` with ``top`` zero rows and
+    ``left`` zero columns before each image's rows and each row's pixels (shifted taps read it)."""
+    n, c, h, w = x.shape
+    out = x.new_zeros((n, h + top, w + left, c))
+    out[:, top:, left:] = x.permute(0, 2, 3, 1)
+    return out.view(n * (h + top) * (w + left), c)
 
 
 def box_descriptor_view(x: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:

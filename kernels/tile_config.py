@@ -20,6 +20,11 @@ class TileConfig:
     tap is read through a tensor descriptor (TMA) instead of gathered through pointers. 0: the tile is
     ``block_m`` consecutive output rows.
 
+    ``tap_shift`` = 1 (an experiment, forced only; the implicit GEMM's row tiles of a stride-1 conv whose output has
+    its input's size, conv_boxes.py): the input is copied into a zero-bordered buffer and each filter tap's
+    activation tile is one 2-D tensor-descriptor (TMA) load of consecutive bordered pixels, with no mask; the
+    tiles cover the bordered grid, whose border outputs are not stored.
+
     ``stream_k`` > 0 (the implicit GEMM's row tiles only): stream-K. The grid is ``stream_k`` programs per SM,
     and the reduction steps of all output tiles together are dealt out to them in equal contiguous runs, so
     a grid of, say, 100 tiles keeps all 132 SMs busy to the end; a tile whose steps two or more programs
@@ -36,6 +41,7 @@ class TileConfig:
     split_k: int = 1
     box_w: int = 0
     stream_k: int = 0
+    tap_shift: int = 0
 
     def constexprs(self) -> dict[str, int]:
         """The tile's kernel parameters (a launcher passes those its kernel declares; ``split_k`` is the
@@ -47,6 +53,7 @@ class TileConfig:
             "GROUP_M": self.group_m,
             "BOX_W": self.box_w,
             "STREAM_K": self.stream_k > 0,
+            "TAP_SHIFT": self.tap_shift > 0,
         }
 
 

@@ -62,7 +62,7 @@ def tile(
 ) -> dict[str, Any]:
     """A tile's constexprs; ``tail``: a split's last program reduces (else splitk.py's reduction kernel)."""
     return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": 8, "SPLIT_K": split_k,
-            "SPLIT_TAIL": tail, "BOX_W": 0, "STREAM_K": stream_k}  # fmt: skip
+            "SPLIT_TAIL": tail, "BOX_W": 0, "STREAM_K": stream_k, "TAP_SHIFT": False}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -156,6 +156,29 @@ def test_conv_box_tiles_compile_to_pipelined_tma_and_wgmma(dtype: str, block_k: 
     assert len(box_copies) >= 2, "the box loads are not pipelined TMA copies"
     assert "wgmma.mma_async" in compiled.asm["ptx"]
     assert "cp.async.bulk.tensor.2d.global.shared" not in compiled.asm["ptx"]  # no descriptor store of the output
+
+
+@pytest.mark.parametrize(("dtype", "block_k"), [("fp16", 64), ("fp32", 32)])
+def test_conv_shifted_taps_reach_wgmma_from_shared_memory(dtype: str, block_k: int) -> None:
+    """Shifted taps over a zero-bordered input (conv_boxes.py): each tap's activation tile is a 2-D descriptor load
+    of 128 consecutive bordered rows, issued as asynchronous TMA copies pipelined across steps, and with no mask
+    to apply it reaches wgmma from shared memory, as in a plain GEMM; the output leaves through pointers (the
+    bordered rows are not one block of the output's)."""
+    from benchmarks.box_tiles import a_operand
+
+    pointers = {"x_ptr": f"tensordesc<{dtype}[128, {block_k}]>", "w_ref": f"tensordesc<{dtype}[128, {block_k}]>",
+                "bias_ptr": "*fp32", "res_ptr": f"*{dtype}", "out_ref": f"*{dtype}", "ps_ptr": f"*{dtype}",
+                "x2_ptr": f"*{dtype}", **SPLIT_POINTERS}  # fmt: skip
+    constexprs = {"KH": 3, "KW": 3, "K_ORDER": 0, **EPILOGUE, **NO_PROLOGUE, "VIRTUAL_CAT": False, "UP": 1,
+                  "DOT_PRECISION": "tf32", "UPCAST": False, "USE_DESC": True, **tile(128, 128, block_k, 1),
+                  "TAP_SHIFT": True}  # fmt: skip
+    compiled = compile_sm90(conv._conv2d_act_kernel, pointers, constexprs, warps=8)
+    ttgir = compiled.asm["ttgir"]
+    tap_copies = [line for line in ttgir.splitlines() if "async_tma_copy_global_to_local %x_ptr" in line]
+    assert len(tap_copies) >= 2, "the shifted tap loads are not pipelined TMA copies"
+    assert a_operand([compiled]) == "shared"
+    assert "wgmma.mma_async" in compiled.asm["ptx"]
+    assert "cp.async.bulk.tensor.2d.global.shared" not in compiled.asm["ptx"]
 
 
 def test_box_of_one_row_reaches_wgmma_from_shared_memory() -> None:

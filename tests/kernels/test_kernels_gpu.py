@@ -391,6 +391,41 @@ def test_every_tile_the_models_convs_can_choose(shard: int, precision: str, dtyp
     assert ran > 0, f"{precision}: no config of shard {shard} fits"
 
 
+# Shifted taps over a zero-bordered input (conv_boxes.py, an experiment), forced as benchmarks/conv_tile_sweep.py
+# runs them: (block_m, block_n, warps, stages, split_k), on the sweep's stride-1 convs whose output has the input's
+# size. The masked kind computed the 128x256 unsplit tile wrong on the GPU (kernels/NOTES.md version 14).
+SHIFT_TILES = [(128, 128, 8, 4, 1), (128, 128, 8, 3, 1), (64, 128, 4, 4, 2), (128, 64, 4, 4, 1), (64, 256, 8, 3, 1),
+               (128, 256, 8, 3, 1), (128, 256, 8, 3, 2)]  # fmt: skip
+SHIFT_CASES = ["c64_20_b2", "c512_7_b1", "c256_19x17_b5", "box_c64_264_69x65"]
+
+
+@pytest.mark.parametrize(
+    ("precision", "dtype"),
+    [("tf32", torch.float32), ("ieee", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)],
+    ids=["tf32", "ieee", "bf16-model", "fp16-model"],
+)
+@pytest.mark.parametrize("name", SHIFT_CASES)
+def test_shifted_taps_on_the_gpu(name: str, precision: str, dtype: torch.dtype) -> None:
+    from triton.runtime.errors import OutOfResources
+
+    case = next(c for c in SWEEP_3X3 if c.name == name)
+    epilogue = Epilogue(Activation.SILU, residual=Residual.AFTER_ACT)
+    x, w, b, residual = conv_inputs(case, epilogue, dtype, device="cuda")
+    packed = pack_conv_weight(w, precision)
+    ref = conv_reference(x, w, b, case, epilogue, residual)
+    block_k = 32 if dtype == torch.float32 else 64
+    ran = 0
+    for block_m, block_n, warps, stages, split_k in SHIFT_TILES:
+        tile = TileConfig(block_m, block_n, block_k, 8, warps, stages, split_k, tap_shift=1)
+        try:
+            out = conv2d_act(x, packed, b, padding=case.padding, epilogue=epilogue, residual=residual, tile=tile)
+        except OutOfResources:
+            continue
+        ran += 1
+        assert_close(out, ref, precision, f"{name} shifted taps {tile}")
+    assert ran == len(SHIFT_TILES), f"{name}: only {ran} of the shifted-tap tiles fit"
+
+
 @pytest.mark.parametrize(
     ("precision", "dtype"),
     [("tf32", torch.float32), ("ieee", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)],

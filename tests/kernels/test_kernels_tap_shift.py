@@ -1,0 +1,92 @@
+"""Shifted taps of the implicit GEMM (kernels/conv_boxes.py, ``TileConfig.tap_shift``, an experiment) in the
+interpreter: the input copied into a zero-bordered buffer, each filter tap's activation tile one 2-D descriptor
+load of consecutive bordered pixels with no mask; against float64 on odd shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from accuracy import assert_close
+from kernels_reference import ConvCase, conv_inputs, conv_reference, record_launches
+
+from fuser.kernels import Activation, Epilogue, Residual, conv2d_act, pack_conv_weight
+from fuser.kernels.autotune import TileConfig
+
+SILU_ADD = Epilogue(Activation.SILU, residual=Residual.AFTER_ACT)
+SHIFT_TILE = TileConfig(32, 16, 16, 2, 4, 1, tap_shift=1)
+
+# Output the input's size, stride 1: odd sizes (tiles crossing rows and images, the first tile's taps before
+# the buffer's first row, the last tile's past its end), padding only on the top and left (the borders the
+# buffer has), a 5x5 and a 1x3 filter, small images that a 32-pixel tile spans several of, and channel counts
+# that leave the last channel block partly past C (the descriptor's zero fill). Output channels are multiples
+# of 8: 16-byte rows in 16-bit dtypes, as the descriptor path needs.
+SHIFT_CASES = [
+    ConvCase("c24_odd", 2, 24, 24, (11, 13), 3, padding=(1, 1, 1, 1)),
+    ConvCase("c40_top_left", 1, 40, 24, (9, 7), 3, padding=(2, 0, 2, 0)),
+    ConvCase("k5_c16", 1, 16, 56, (9, 11), 5, padding=(2, 2, 2, 2)),
+    ConvCase("k1x3_c32", 2, 32, 16, (7, 9), (1, 3), padding=(0, 0, 1, 1)),
+    ConvCase("small_images_c16", 5, 16, 24, (5, 3), 3, padding=(1, 1, 1, 1)),
+]
+
+
+def shift_call(case: ConvCase, precision: str, dtype: torch.dtype, tile: TileConfig, **kwargs):
+    x, w, b, residual = conv_inputs(case, SILU_ADD, dtype)
+    out = conv2d_act(
+        x, pack_conv_weight(w, precision), b, stride=case.stride, padding=case.padding, dilation=case.dilation,
+        epilogue=SILU_ADD, residual=residual, interpret=True, tile=tile, **kwargs,
+    )  # fmt: skip
+    return out, conv_reference(x, w, b, case, SILU_ADD, residual)
+
+
+@pytest.mark.parametrize("split_k", [1, 2])
+@pytest.mark.parametrize(
+    ("precision", "dtype"),
+    [("ieee", torch.float32), ("tf32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16)],
+    ids=["ieee", "tf32", "fp16", "bf16"],
+)
+@pytest.mark.parametrize("case", SHIFT_CASES, ids=str)
+def test_shifted_taps_match_float64(
+    monkeypatch: pytest.MonkeyPatch, case: ConvCase, precision: str, dtype: torch.dtype, split_k: int
+) -> None:
+    seen = record_launches(monkeypatch)
+    tile = TileConfig(32, 16, 16, 2, 4, 1, split_k=split_k, tap_shift=1)
+    out, ref = shift_call(case, precision, dtype, tile)
+    assert ("_conv2d_act_kernel", True) in [(name, kwargs.get("TAP_SHIFT")) for name, kwargs in seen]
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    assert_close(out, ref, precision, f"{case} shifted taps, split {split_k}")
+
+
+REFUSED = {
+    "stride 2": (ConvCase("s2", 1, 16, 16, (10, 10), 3, stride=2, padding=(1, 1, 1, 1)), "stride 1"),
+    "output smaller": (ConvCase("valid", 1, 16, 16, (9, 9), 3), "the input's size"),
+    "wider bottom": (ConvCase("bottom", 1, 16, 16, (9, 9), 3, padding=(0, 2, 1, 1)), "bottom <= top"),
+    "dilation": (ConvCase("dil", 1, 16, 16, (9, 9), 3, padding=(2, 2, 2, 2), dilation=2), "undilated"),
+    "groups": (ConvCase("grouped", 1, 32, 32, (9, 9), 3, padding=(1, 1, 1, 1), groups=2), "ungrouped"),
+}
+
+
+@pytest.mark.parametrize("what", REFUSED)
+def test_shifted_taps_name_what_rules_them_out(what: str) -> None:
+    case, reason = REFUSED[what]
+    x, w, b, _ = conv_inputs(case, SILU_ADD, torch.float16)
+    with pytest.raises(ValueError, match=f"shifted taps .*{reason}"):
+        conv2d_act(x, pack_conv_weight(w, "fp16", groups=case.groups), b, stride=case.stride, padding=case.padding,
+                   dilation=case.dilation, interpret=True, tile=SHIFT_TILE)  # fmt: skip
+
+
+def test_shifted_taps_refuse_other_inputs_and_tiles() -> None:
+    case = ConvCase("c16", 1, 16, 16, (9, 9), 3, padding=(1, 1, 1, 1))
+    packed = lambda w: pack_conv_weight(w, "ieee")
+    x, w, b, _ = conv_inputs(case, SILU_ADD, channels_last=False)
+    call = lambda tile, **kwargs: conv2d_act(x, packed(w), b, padding=1, interpret=True, tile=tile, **kwargs)
+    with pytest.raises(ValueError, match=r"shifted taps .*dense channels_last"):
+        call(SHIFT_TILE)
+    x, w, b, _ = conv_inputs(case, SILU_ADD)
+    with pytest.raises(ValueError, match=r"shifted taps .*pointer path"):
+        call(SHIFT_TILE, path="pointer")
+    with pytest.raises(ValueError, match=r"shifted taps .*prologue"):
+        call(SHIFT_TILE, input_scale=torch.rand(1, 16, 1, 1) + 0.5)
+    with pytest.raises(ValueError, match=r"shifted taps .*rows or a box"):
+        call(TileConfig(32, 16, 16, 2, 4, 1, box_w=8, tap_shift=1))
+    with pytest.raises(ValueError, match=r"stream-K .*tap_shift=1"):
+        call(TileConfig(32, 16, 16, 2, 4, 1, stream_k=1, tap_shift=1))
