@@ -94,7 +94,7 @@ def long_k_tiles(c_in: int, c_out: int, stride: int, elem: int) -> list[Any]:
     out = [TileConfig(bm, min(bn, bn_cap), bk, 8, w, s, k) for bm, bn, w, s, k in shapes]
     if elem == 4:
         out += [TileConfig(128, min(128, bn_cap), 64, 8, 8, 3, k) for k in (1, 2)]
-    if stride == 1:  # shifted taps over a zero-bordered input (conv_boxes.py, an experiment), whole and split in two
+    if stride == 1:  # shifted taps over a zero-bordered input (conv_boxes.py), whole and split in two
         out += [TileConfig(bm, min(bn, bn_cap), bk, 8, w, s, k, tap_shift=1) for bm, bn, w, s, k in
                 [(128, 128, 8, 4, 1), (128, 128, 8, 3, 1), (128, 128, 8, 4, 2), (64, 128, 4, 4, 1),
                  (64, 128, 4, 4, 2), (128, 64, 4, 4, 1), (64, 256, 8, 3, 1), (64, 256, 8, 3, 2),
@@ -182,8 +182,8 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
     return row
 
 
-# layer_row's labels; a trailing "t" marks shifted taps, an experiment that no candidate list offers (and the
-# masked kind of results/conv-tile-sweep-2026-12-03c.json): cache_entries leaves them out
+# layer_row's labels; a trailing "t" marks shifted taps: over the zero-bordered input where the row records
+# bordered_copy_ms, else the masked kind of results/conv-tile-sweep-2026-12-03c.json, which cache_entries leaves out
 LABEL = re.compile(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)(?:k(\d+))?(?:b(\d+))?(?:sk(\d+))?(t)?")
 
 
@@ -191,8 +191,9 @@ def cache_entries(result: dict[str, Any], groups: tuple[str, ...] = ("late",)) -
     """The rows of a ``conv-tile-sweep.json`` of the layer ``groups`` as autotune cache entries (kernel, problem,
     every forced config's time), which ``fuser.kernels.tile_table.build_table`` ranks: what ``benchmarks.tile_table
     --from-sweep`` adds to the shipped table. A config that failed to run, or whose output was beyond the
-    precision's tolerance of float64, counts as not running. Rows of other groups, and configs labelled with a
-    reduction order (the stem's) or as shifted taps, are left out."""
+    precision's tolerance of float64, counts as not running. Rows of other groups, configs labelled with a
+    reduction order (the stem's), and the masked shifted taps of sweeps before the bordered input (rows without
+    ``bordered_copy_ms``) are left out."""
     from fuser.kernels.autotune import TileConfig
     from fuser.kernels.conv_choice import ConvKernel, conv_kernel
     from fuser.verification import TOLERANCE
@@ -211,10 +212,10 @@ def cache_entries(result: dict[str, Any], groups: tuple[str, ...] = ("late",)) -
         timings = []
         for label, measured in row["configs"].items():
             match = LABEL.fullmatch(label)
-            if match is None or match[9]:
+            if match is None or (match[9] and "bordered_copy_ms" not in row):
                 continue
             bm, bn, bk, warps, stages, split, box, stream = (int(g) if g else 0 for g in match.groups()[:8])
-            config = TileConfig(bm, bn, bk, 8, warps, stages, split or 1, box, stream)
+            config = TileConfig(bm, bn, bk, 8, warps, stages, split or 1, box, stream, tap_shift=int(bool(match[9])))
             right = measured.get("rel_error") is not None and measured["rel_error"] < TOLERANCE[prec]
             timings.append([asdict(config), measured.get("ms") if right else None])
         problem = {"m": row["batch"] * oh * oh, "n": c_out, "k": c_in * k * k, "groups": 1, "operand_bytes": elem,

@@ -21,7 +21,8 @@ direct_conv.py, 1x1 stride-1 unpadded convs to the plain GEMM of gemm.py, everyt
 padding, dilation, groups) here. Weights can be read through a tensor descriptor (TMA) and the output
 written through one when their rows are 16-byte aligned and groups == 1; the pointer path takes every
 other case. A tile config with ``split_k > 1`` splits the reduction across programs (splitk.py); one with
-``box_w`` reads the activations as boxes through TMA (conv_boxes.py); one with ``stream_k`` (forced only, see
+``box_w`` reads the activations as boxes through TMA (conv_boxes.py), one with ``tap_shift`` as consecutive
+rows of a zero-bordered copy of the input (conv_boxes.py); one with ``stream_k`` (forced only, see
 tile_config.py) deals every tile's steps out to a fixed grid. One helper computes a tile's accumulator over a
 range of steps, :func:`_implicit_gemm_tile`; the kernel's two drivers choose the tiles and ranges and how each
 tile ends.
@@ -49,6 +50,7 @@ from .conv_boxes import (
     box_shape_refusal,
     boxes_by_default,
     load_tap_box,
+    shifted_twins,
     tap_shift_refusal,
 )
 from .conv_choice import ConvKernel, conv_kernel, reduction_order
@@ -505,14 +507,17 @@ def conv2d_tile_candidates(
         return direct_candidates(c_out // groups)
     if kernel == ConvKernel.GEMM_1X1:
         return gemm_candidates(n * h * w, c_out, c_in, elem)
-    can_box = kernel == ConvKernel.IMPLICIT_GEMM
-    can_box = can_box and box_shape_refusal(c_in, c_out, h, w, groups, stride, dilation, elem) is None
-    return implicit_gemm_candidates(can_box, n * oh * ow, c_in_g, c_out // groups, weight.k_total, elem, kernel,
-                                    (kh, kw), stride, ow)  # fmt: skip
+    box_why_not = box_shape_refusal(c_in, c_out, h, w, groups, stride, dilation, elem)
+    if box_why_not is None and kernel != ConvKernel.IMPLICIT_GEMM:
+        box_why_not = f"the {kernel.value} kernel"
+    shift_why_not = tap_shift_refusal(box_why_not, stride, padding, (h, w), (oh, ow))
+    return implicit_gemm_candidates(box_why_not is None, shift_why_not, n * oh * ow, c_in_g, c_out // groups,
+                                    weight.k_total, elem, kernel, (kh, kw), stride, (oh, ow))  # fmt: skip
 
 
 def implicit_gemm_candidates(
     can_box: bool,
+    shift_why_not: str | None,
     m: int,
     c_in_g: int,
     c_out_g: int,
@@ -521,14 +526,18 @@ def implicit_gemm_candidates(
     order: ConvKernel,
     kernel_size: tuple[int, int],
     stride: tuple[int, int],
-    ow: int,
+    out_size: tuple[int, int],
 ) -> list[TileConfig]:
     """The implicit GEMM's candidate list (first = default), which the launcher and
     :func:`conv2d_tile_candidates` both take from here: the box tiles' where boxes can read the input
-    (``can_box``) and :func:`conv_boxes.boxes_by_default` picks them, else the row tiles'."""
+    (``can_box``) and :func:`conv_boxes.boxes_by_default` picks them, else the row tiles', followed on small
+    images by their shifted-tap twins where shifted taps can read the input (``shift_why_not`` is None,
+    :func:`conv_boxes.shifted_twins`)."""
+    ow = out_size[1]
     if can_box and boxes_by_default(m, c_in_g, stride, ow):
         return box_candidates(c_in_g, c_out_g, ow, stride[1], operand_bytes)
-    return conv_candidates(m, c_in_g, c_out_g, k_total, operand_bytes, order, *kernel_size)
+    rows = conv_candidates(m, c_in_g, c_out_g, k_total, operand_bytes, order, *kernel_size)
+    return shifted_twins(rows, shift_why_not, out_size)
 
 
 VIRTUAL_CAT_ALIGN = 16  # the smallest channel block: the first source's channels must be a multiple of it
@@ -1015,8 +1024,8 @@ def prepare_implicit_gemm(
         "precision": precision.value,
         "descriptor": use_desc,
     }
-    candidates = implicit_gemm_candidates(box_why_not is None, m, c_in_g, c_out_g, k_total, elem, order, (kh, kw),
-                                          stride, ow)  # fmt: skip
+    candidates = implicit_gemm_candidates(box_why_not is None, shift_why_not, m, c_in_g, c_out_g, k_total, elem, order,
+                                          (kh, kw), stride, (oh, ow))  # fmt: skip
     if candidates[0].box_w:
         key["boxes"] = True
     across_taps = order != ConvKernel.IMPLICIT_GEMM  # flat K or filter rows: a K step spans taps

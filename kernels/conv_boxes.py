@@ -19,18 +19,21 @@ prologue keep the row tiles (conv.py).
 ``box_w`` is a field of the tile config (tile_config.py); :func:`box_candidates` lists the box configs a
 launch may measure, and :func:`box_refusal` says why a launch cannot use them.
 
-Shifted taps (``tap_shift``, an experiment: forced tiles only). The input is first copied into a zero-bordered
+Shifted taps (``tap_shift``). The input is first copied into a zero-bordered
 buffer ``[N, H + pad_top, W + pad_left, C]`` (the conv's pixel ``(h, w)`` at ``(h + pad_top, w + pad_left)``; the
 zero rows and columns on top and left double as the previous image's bottom and the previous row's right
 border). The GEMM then runs over the bordered grid's rows: bordered pixel ``q`` reads, for tap ``(kh, kw)``, bordered
 pixel ``q + (kh - pad_top) * (W + pad_left) + kw - pad_left``, which is zero wherever the conv pads. So a tile's
 activation tile per tap is one 2-D descriptor load of consecutive rows with no mask (the operand can reach wgmma
 from shared memory, as in a plain GEMM), at the cost of the border rows' and columns' wasted outputs (10% on a
-20x20 image, 31% on 7x7) and the copy. :func:`tap_shift_refusal` says which convs allow it.
+20x20 image, 31% on 7x7) and the copy. :func:`tap_shift_refusal` says which convs allow it, and
+:func:`shifted_twins` adds the shifted twin of each row tile to the candidate lists of small images, where the
+shipped table (measured, copy included) picks one when it ran fastest.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
@@ -43,6 +46,11 @@ from .tile_config import TileConfig
 # fill the SMs instead (box tiles are never split).
 BOX_MIN_ROWS = 16384
 BOX_MIN_CHANNELS = 64  # fewer input channels per tap: slower than the row tiles where measured (boxes_by_default)
+# Shifted taps pay a copy of the input into the bordered buffer at each launch. On the H200
+# (results/conv-tile-sweep-2026-12-03d.json, batch 32) they beat the row tiles on 20x20 and 7x7 images with
+# 256-512 channels, copy included, and lost by 1.2-1.4x on an 80x80 image with 64, where the copy alone took
+# 45-60% of the row tile's time. Larger images than this are not offered them.
+SHIFT_MAX_PIXELS = 32 * 32
 
 
 @triton.jit
@@ -186,6 +194,18 @@ def tap_shift_refusal(
     if bottom > top or right > left:
         return f"padding {tuple(padding)} (shifted taps need bottom <= top and right <= left)"
     return None
+
+
+def shifted_twins(candidates: list[TileConfig], why_not: str | None, out_size: tuple[int, int]) -> list[TileConfig]:
+    """``candidates`` followed by the shifted-tap twin of each of its row tiles (neither boxes nor stream-K), where
+    shifted taps can read the input (``why_not``, :func:`tap_shift_refusal`, is None) and the output has at most
+    ``SHIFT_MAX_PIXELS`` pixels per image; else ``candidates`` unchanged. The twins come last: the list's first
+    entry and the cost model (which does not model the copy, so ranks a twin level with its row tile and keeps the
+    earlier) stay on row tiles, and a twin becomes a default only where the shipped table measured it fastest."""
+    if why_not is not None or out_size[0] * out_size[1] > SHIFT_MAX_PIXELS:
+        return candidates
+    twins = [dataclasses.replace(c, tap_shift=1) for c in candidates if not (c.box_w or c.stream_k or c.tap_shift)]
+    return list(dict.fromkeys([*candidates, *twins]))
 
 
 def bordered_input(x: torch.Tensor, top: int, left: int) -> torch.Tensor:

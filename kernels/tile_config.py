@@ -20,10 +20,11 @@ class TileConfig:
     tap is read through a tensor descriptor (TMA) instead of gathered through pointers. 0: the tile is
     ``block_m`` consecutive output rows.
 
-    ``tap_shift`` = 1 (an experiment, forced only; the implicit GEMM's row tiles of a stride-1 conv whose output has
+    ``tap_shift`` = 1 (the implicit GEMM's row tiles of a stride-1 conv whose output has
     its input's size, conv_boxes.py): the input is copied into a zero-bordered buffer and each filter tap's
     activation tile is one 2-D tensor-descriptor (TMA) load of consecutive bordered pixels, with no mask; the
-    tiles cover the bordered grid, whose border outputs are not stored.
+    tiles cover the bordered grid, whose border outputs are not stored. Candidate lists offer it on small images
+    (conv_boxes.shifted_twins), where the shipped table picks it when measured fastest.
 
     ``stream_k`` > 0 (the implicit GEMM's row tiles only): stream-K. The grid is ``stream_k`` programs per SM,
     and the reduction steps of all output tiles together are dealt out to them in equal contiguous runs, so

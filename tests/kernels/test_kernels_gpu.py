@@ -391,7 +391,7 @@ def test_every_tile_the_models_convs_can_choose(shard: int, precision: str, dtyp
     assert ran > 0, f"{precision}: no config of shard {shard} fits"
 
 
-# Shifted taps over a zero-bordered input (conv_boxes.py, an experiment), forced as benchmarks/conv_tile_sweep.py
+# Shifted taps over a zero-bordered input (conv_boxes.py), forced as benchmarks/conv_tile_sweep.py
 # runs them: (block_m, block_n, warps, stages, split_k), on the sweep's stride-1 convs whose output has the input's
 # size. The masked kind computed the 128x256 unsplit tile wrong on the GPU (kernels/NOTES.md version 14).
 SHIFT_TILES = [(128, 128, 8, 4, 1), (128, 128, 8, 3, 1), (64, 128, 4, 4, 2), (128, 64, 4, 4, 1), (64, 256, 8, 3, 1),

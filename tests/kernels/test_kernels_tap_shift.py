@@ -1,16 +1,21 @@
-"""Shifted taps of the implicit GEMM (kernels/conv_boxes.py, ``TileConfig.tap_shift``, an experiment) in the
+"""Shifted taps of the implicit GEMM (kernels/conv_boxes.py, ``TileConfig.tap_shift``) in the
 interpreter: the input copied into a zero-bordered buffer, each filter tap's activation tile one 2-D descriptor
 load of consecutive bordered pixels with no mask; against float64 on odd shapes."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 from accuracy import assert_close
 from kernels_reference import ConvCase, conv_inputs, conv_reference, record_launches
 
-from fuser.kernels import Activation, Epilogue, Residual, conv2d_act, pack_conv_weight
+from fuser.kernels import Activation, Epilogue, Residual, conv2d_act, pack_conv_weight, tile_table
 from fuser.kernels.autotune import TileConfig
+from fuser.kernels.conv import conv2d_tile_candidates
+from fuser.kernels.conv_boxes import SHIFT_MAX_PIXELS
+from fuser.kernels.tile_config import Problem
 
 SILU_ADD = Epilogue(Activation.SILU, residual=Residual.AFTER_ACT)
 SHIFT_TILE = TileConfig(32, 16, 16, 2, 4, 1, tap_shift=1)
@@ -90,3 +95,35 @@ def test_shifted_taps_refuse_other_inputs_and_tiles() -> None:
         call(TileConfig(32, 16, 16, 2, 4, 1, box_w=8, tap_shift=1))
     with pytest.raises(ValueError, match=r"stream-K .*tap_shift=1"):
         call(TileConfig(32, 16, 16, 2, 4, 1, stream_k=1, tap_shift=1))
+
+
+def late_layer_candidates(size: int, stride: int = 1, c: int = 256, batch: int = 32) -> list[TileConfig]:
+    packed = pack_conv_weight(torch.randn(c, c, 3, 3), "tf32")
+    return conv2d_tile_candidates((batch, c, size, size), packed, stride, (1, 1, 1, 1))
+
+
+def test_small_images_list_the_shifted_twins_after_the_row_tiles() -> None:
+    candidates = late_layer_candidates(19)
+    rows = [c for c in candidates if not c.tap_shift]
+    twins = [c for c in candidates if c.tap_shift]
+    assert rows and candidates[: len(rows)] == rows, "the row tiles come first: the default stays a row tile"
+    expected = [dataclasses.replace(c, tap_shift=1) for c in rows if not (c.box_w or c.stream_k)]
+    assert twins == expected
+    assert not any(c.tap_shift for c in late_layer_candidates(39)), f"{SHIFT_MAX_PIXELS} pixels at most"
+    assert not any(c.tap_shift for c in late_layer_candidates(19, stride=2)), "stride 2 reads no shifted rows"
+
+
+def test_the_shipped_table_picks_shifted_taps_only_where_they_ran_fastest() -> None:
+    """results/conv-tile-sweep-2026-12-03d.json: at batch 32 in tf32, 256->256 @20 ran fastest on the 128x256
+    shifted tile (71.1 us copy included, against 82.4 for the best row tile) and ResNet's 512->512 @7 on shifted
+    64x128 tiles; at batch 32 in fp16, 256->256 @20 stayed on the 128x256 row tile (46.5 against 47.2)."""
+    tile_table.forget_loaded()
+    chosen = {}
+    for c, size, elem, precision in [(256, 20, 4, "tf32"), (512, 7, 4, "tf32"), (256, 20, 2, "fp16")]:
+        packed = pack_conv_weight(torch.randn(c, c, 3, 3).to(torch.float32 if elem == 4 else torch.float16), precision)
+        candidates = conv2d_tile_candidates((32, c, size, size), packed, 1, (1, 1, 1, 1))
+        problem = Problem(32 * size * size, c, 9 * c, 1, elem, precision)
+        chosen[(c, precision)] = tile_table.lookup("sm90", "conv2d_act", problem, candidates)
+    assert chosen[(256, "tf32")] == TileConfig(128, 256, 32, 8, 8, 3, tap_shift=1)
+    assert chosen[(512, "tf32")].tap_shift and chosen[(512, "tf32")].block_m == 64
+    assert chosen[(256, "fp16")] == TileConfig(128, 256, 64, 8, 8, 3)
