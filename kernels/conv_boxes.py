@@ -47,9 +47,9 @@ from .tile_config import TileConfig
 BOX_MIN_ROWS = 16384
 BOX_MIN_CHANNELS = 64  # fewer input channels per tap: slower than the row tiles where measured (boxes_by_default)
 # Shifted taps pay a copy of the input into the bordered buffer at each launch. On the H200
-# (results/conv-tile-sweep-2026-12-03d.json, batch 32) they beat the row tiles on 20x20 and 7x7 images with
-# 256-512 channels, copy included, and lost by 1.2-1.4x on an 80x80 image with 64, where the copy alone took
-# 45-60% of the row tile's time. Larger images than this are not offered them.
+# (results/conv-tile-sweep-2026-12-03d.json, batch 32) they beat the row tiles, copy included, on three of the
+# four rows of 20x20 and 7x7 images with 256-512 channels (the fourth 1.5% slower), and lost by 1.2-1.4x on an
+# 80x80 image with 64, where the copy alone took 45-62% of the row tile's time. Larger images are not offered them.
 SHIFT_MAX_PIXELS = 32 * 32
 
 
