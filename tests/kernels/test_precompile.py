@@ -321,6 +321,29 @@ def test_a_box_tile_layer_is_listed_compiled_ahead_and_found(triton_cache: Path,
     assert jit_lookups(monkeypatch, box_layer) == [("_conv2d_act_kernel", True)]
 
 
+def shifted_layer() -> None:
+    """YOLO's 256->256 3x3 conv on a 20x20 image at batch 32 in TF32, whose default on an sm_90 GPU is a shifted-tap
+    tile (the shipped table, results/conv-tile-sweep-2026-12-03d.json): its activations go to the kernel as a 2-D
+    descriptor over a zero-bordered copy of the input, made before the launch."""
+    gen = torch.Generator().manual_seed(12)
+    x = torch.randn(32, 256, 20, 20, generator=gen).to(memory_format=torch.channels_last)
+    w = pack_conv_weight(torch.randn(256, 256, 3, 3, generator=gen), groups=1, precision=Precision("tf32"))
+    conv2d_act(x, w, torch.randn(256, generator=gen), padding=1, epilogue=Epilogue(Activation.SILU), interpret=True)
+
+
+@needs_ptxas
+def test_a_shifted_tap_layer_is_listed_compiled_ahead_and_found(triton_cache: Path, monkeypatch: pytest.MonkeyPatch):
+    """The listing plans the shifted-tap default as the GPU would, the bordered copy made and described; a worker
+    compiles it under the key the JIT then looks up."""
+    monkeypatch.setenv(precompile.START_ENV, "fork" if sys.platform.startswith("linux") else "spawn")
+    (variant,) = collect(shifted_layer)
+    assert variant.name == "_conv2d_act_kernel" and variant.constexprs()["TAP_SHIFT"]
+    assert (variant.constexprs()["BLOCK_M"], variant.constexprs()["BLOCK_N"]) == (128, 256)
+    report = precompile.compile_variants([variant], workers=1, progress=False)
+    assert report.variants == 1 and report.retried_in_process == 0 and report.key_mismatches == 0
+    assert jit_lookups(monkeypatch, shifted_layer) == [("_conv2d_act_kernel", True)]
+
+
 def test_a_plan_the_interpreter_made_is_not_listed():
     """The interpreter plans this signature first (its own tile, one stage); the listing plans afresh,
     as on the GPU (the conv candidates all pipeline over at least two stages)."""
