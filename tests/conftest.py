@@ -3,8 +3,16 @@ in strict mode (an internal error in a pass raises instead of leaving the graph 
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+# The repository root last on the path (benchmarks/__init__.py says why: its kernels/ folder would shadow the
+# PyPI `kernels` that transformers imports), whether pytest ran as `python -m pytest` or as `pytest`.
+sys.path.append(str(Path(__file__).resolve().parent.parent))
+import benchmarks  # noqa: F401  (importing it reorders sys.path)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
