@@ -300,48 +300,43 @@ def test_conv_geometry_does_not_split_the_variant():
         assert name not in variants[0].specialized()
 
 
-def box_layer() -> None:
-    """A fused 3x3 conv that takes box tiles on an sm_90 GPU (conv_boxes.boxes_by_default: 64 channels, stride 1,
-    64 output columns, 16384 output pixels): its activations go to the kernel as a 5-D tensor descriptor."""
-    gen = torch.Generator().manual_seed(11)
-    x = torch.randn(4, 64, 64, 66, generator=gen).to(memory_format=torch.channels_last)
-    w = pack_conv_weight(torch.randn(40, 64, 3, 3, generator=gen), groups=1, precision=Precision("tf32"))
-    conv2d_act(x, w, torch.randn(40, generator=gen), padding=1, epilogue=Epilogue(Activation.SILU), interpret=True)
+def tma_activation_layer(n: int, c_in: int, c_out: int, h: int, w: int) -> Callable[[], None]:
+    """A fused 3x3 TF32 conv whose sm_90 default reads its activations through a tensor descriptor."""
+
+    def run() -> None:
+        gen = torch.Generator().manual_seed(c_in + h)
+        x = torch.randn(n, c_in, h, w, generator=gen).to(memory_format=torch.channels_last)
+        weight = pack_conv_weight(torch.randn(c_out, c_in, 3, 3, generator=gen), groups=1, precision=Precision("tf32"))
+        conv2d_act(x, weight, torch.randn(c_out, generator=gen), padding=1, epilogue=Epilogue(Activation.SILU),
+                   interpret=True)  # fmt: skip
+
+    return run
+
+
+# Box tiles (conv_boxes.boxes_by_default: 64 channels, stride 1, 64 output columns, 16384 output pixels): the
+# activations as a 5-D descriptor. Shifted taps (YOLO's 256->256 @20 at batch 32, the shipped table's pick from
+# results/conv-tile-sweep-2026-12-03d.json): a 2-D descriptor over a zero-bordered copy made before the launch.
+TMA_ACTIVATION_LAYERS = {
+    "box": (tma_activation_layer(4, 64, 40, 64, 66), {"BOX_W": 16}),
+    "shifted": (tma_activation_layer(32, 256, 256, 20, 20), {"TAP_SHIFT": True, "BLOCK_M": 128, "BLOCK_N": 256}),
+}
 
 
 @needs_ptxas
-def test_a_box_tile_layer_is_listed_compiled_ahead_and_found(triton_cache: Path, monkeypatch: pytest.MonkeyPatch):
-    """The listing plans a box-tile launch as the GPU would (box tiles, the activations as a 5-D descriptor);
-    a worker compiles it under the key the JIT then looks up."""
-    monkeypatch.setenv(precompile.START_ENV, "fork" if sys.platform.startswith("linux") else "spawn")
-    (variant,) = collect(box_layer)
-    assert variant.name == "_conv2d_act_kernel" and variant.constexprs()["BOX_W"] == 16
-    report = precompile.compile_variants([variant], workers=1, progress=False)
-    assert report.variants == 1 and report.retried_in_process == 0 and report.key_mismatches == 0
-    assert jit_lookups(monkeypatch, box_layer) == [("_conv2d_act_kernel", True)]
-
-
-def shifted_layer() -> None:
-    """YOLO's 256->256 3x3 conv on a 20x20 image at batch 32 in TF32, whose default on an sm_90 GPU is a shifted-tap
-    tile (the shipped table, results/conv-tile-sweep-2026-12-03d.json): its activations go to the kernel as a 2-D
-    descriptor over a zero-bordered copy of the input, made before the launch."""
-    gen = torch.Generator().manual_seed(12)
-    x = torch.randn(32, 256, 20, 20, generator=gen).to(memory_format=torch.channels_last)
-    w = pack_conv_weight(torch.randn(256, 256, 3, 3, generator=gen), groups=1, precision=Precision("tf32"))
-    conv2d_act(x, w, torch.randn(256, generator=gen), padding=1, epilogue=Epilogue(Activation.SILU), interpret=True)
-
-
-@needs_ptxas
-def test_a_shifted_tap_layer_is_listed_compiled_ahead_and_found(triton_cache: Path, monkeypatch: pytest.MonkeyPatch):
-    """The listing plans the shifted-tap default as the GPU would, the bordered copy made and described; a worker
+@pytest.mark.parametrize("kind", TMA_ACTIVATION_LAYERS)
+def test_a_tma_activation_layer_is_listed_compiled_ahead_and_found(
+    kind: str, triton_cache: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The listing plans the launch as the GPU would (its default tile, the activations as a descriptor); a worker
     compiles it under the key the JIT then looks up."""
+    layer, expected = TMA_ACTIVATION_LAYERS[kind]
     monkeypatch.setenv(precompile.START_ENV, "fork" if sys.platform.startswith("linux") else "spawn")
-    (variant,) = collect(shifted_layer)
-    assert variant.name == "_conv2d_act_kernel" and variant.constexprs()["TAP_SHIFT"]
-    assert (variant.constexprs()["BLOCK_M"], variant.constexprs()["BLOCK_N"]) == (128, 256)
+    (variant,) = collect(layer)
+    assert variant.name == "_conv2d_act_kernel"
+    assert {name: variant.constexprs()[name] for name in expected} == expected
     report = precompile.compile_variants([variant], workers=1, progress=False)
     assert report.variants == 1 and report.retried_in_process == 0 and report.key_mismatches == 0
-    assert jit_lookups(monkeypatch, shifted_layer) == [("_conv2d_act_kernel", True)]
+    assert jit_lookups(monkeypatch, layer) == [("_conv2d_act_kernel", True)]
 
 
 def test_a_plan_the_interpreter_made_is_not_listed():
