@@ -233,21 +233,20 @@ def _implicit_gemm_tile(
             if BOX_W > 0:
                 a = load_tap_box(x_ptr, box_image, box_oh0, box_ow0, kh, kw, c0, C_IN_G, stride_h, stride_w,
                                  pad_top, pad_left, BLOCK_M, BLOCK_K)  # fmt: skip
+            elif TAP_SHIFT:
+                a = x_ptr.load([pid_m * BLOCK_M + (kh - pad_top) * (W + pad_left) + kw - pad_left, c0])
             else:
                 ih = ih0 + kh * dil_h
                 iw = iw0 + kw * dil_w
                 row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-                if TAP_SHIFT:
-                    a = x_ptr.load([pid_m * BLOCK_M + (kh - pad_top) * (W + pad_left) + kw - pad_left, c0])
+                if VIRTUAL_CAT:
+                    a_ptrs = virtual_cat_pointers(x_ptr, x2_ptr, n_idx, ih, iw, c, c0, C_A, sx_n, sx_h, sx_w,
+                                                  sx_c, sx2_n, sx2_h, sx2_w, sx2_c, UP)  # fmt: skip
                 else:
-                    if VIRTUAL_CAT:
-                        a_ptrs = virtual_cat_pointers(x_ptr, x2_ptr, n_idx, ih, iw, c, c0, C_A, sx_n, sx_h, sx_w,
-                                                      sx_c, sx2_n, sx2_h, sx2_w, sx2_c, UP)  # fmt: skip
-                    else:
-                        pix = ih.to(tl.int64) * sx_h + iw.to(tl.int64) * sx_w
-                        a_ptrs = x_rows[:, None] + pix[:, None] + (c * sx_c)[None, :]
-                    a = load_operand(a_ptrs, row_ok[:, None] & c_ok[None, :], ps_ptr, ps_img,
-                                     ((group * C_IN_G + c) * sps_c)[None, :], PROLOGUE)  # fmt: skip
+                    pix = ih.to(tl.int64) * sx_h + iw.to(tl.int64) * sx_w
+                    a_ptrs = x_rows[:, None] + pix[:, None] + (c * sx_c)[None, :]
+                a = load_operand(a_ptrs, row_ok[:, None] & c_ok[None, :], ps_ptr, ps_img,
+                                 ((group * C_IN_G + c) * sps_c)[None, :], PROLOGUE)  # fmt: skip
             k_w = tap * C_IN_G + c0
             if USE_DESC:
                 # Columns past this tap's channels belong to the next tap; a's zeros cancel them.
