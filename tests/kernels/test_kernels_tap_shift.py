@@ -97,8 +97,11 @@ def test_shifted_taps_refuse_other_inputs_and_tiles() -> None:
         call(TileConfig(32, 16, 16, 2, 4, 1, stream_k=1, tap_shift=1))
 
 
-def late_layer_candidates(size: int, stride: int = 1, c: int = 256, batch: int = 32) -> list[TileConfig]:
-    packed = pack_conv_weight(torch.randn(c, c, 3, 3), "tf32")
+def late_layer_candidates(
+    size: int, stride: int = 1, c: int = 256, batch: int = 32, precision: str = "tf32"
+) -> list[TileConfig]:
+    dtype = torch.float16 if precision == "fp16" else torch.float32
+    packed = pack_conv_weight(torch.randn(c, c, 3, 3).to(dtype), precision)
     return conv2d_tile_candidates((batch, c, size, size), packed, stride, (1, 1, 1, 1))
 
 
@@ -120,8 +123,7 @@ def test_the_shipped_table_picks_shifted_taps_only_where_they_ran_fastest() -> N
     tile_table.forget_loaded()
     chosen = {}
     for c, size, elem, precision in [(256, 20, 4, "tf32"), (512, 7, 4, "tf32"), (256, 20, 2, "fp16")]:
-        packed = pack_conv_weight(torch.randn(c, c, 3, 3).to(torch.float32 if elem == 4 else torch.float16), precision)
-        candidates = conv2d_tile_candidates((32, c, size, size), packed, 1, (1, 1, 1, 1))
+        candidates = late_layer_candidates(size, c=c, precision=precision)
         problem = Problem(32 * size * size, c, 9 * c, 1, elem, precision)
         chosen[(c, precision)] = tile_table.lookup("sm90", "conv2d_act", problem, candidates)
     assert chosen[(256, "tf32")] == TileConfig(128, 256, 32, 8, 8, 3, tap_shift=1)
