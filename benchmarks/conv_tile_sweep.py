@@ -109,7 +109,7 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
     from fuser.epilogue import Activation, Epilogue
     from fuser.kernels import autotune, conv, conv_choice, pack_conv_weight
     from fuser.kernels.autotune import do_bench_ms
-    from fuser.kernels.conv_boxes import bordered_input
+    from fuser.kernels.bordered_copy import bordered_copy
 
     name, c_in, c_out, k, stride, pad, size, scaled, act = layer
     dtype = getattr(torch, dtype_name)
@@ -153,7 +153,7 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
     chosen_before = set(autotune._memory)  # the default's choice is the one entry its plan adds
     row["default"] = timed(call(plan(None, shipped_min)))
     if k > 1 and stride == 1 and 2 * pad == k - 1:  # what a shifted-tap launch spends copying into the bordered buffer
-        row["bordered_copy_ms"] = do_bench_ms(lambda: bordered_input(x, pad, pad))
+        row["bordered_copy_ms"] = do_bench_ms(lambda: bordered_copy(x, pad, pad))
     added = [choice.config for key, choice in autotune._memory.items() if key not in chosen_before]
     row["default"]["config"] = asdict(added[-1]) if added else None
     configs: dict[str, Any] = {}

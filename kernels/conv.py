@@ -39,8 +39,8 @@ import triton
 import triton.language as tl
 
 from .autotune import Problem, TileConfig, device_facts, matmul_candidates
+from .bordered_copy import bordered_copy
 from .conv_boxes import (
-    bordered_input,
     bordered_rows,
     box_block,
     box_candidates,
@@ -1001,7 +1001,7 @@ def prepare_implicit_gemm(
             if x_block is not None:
                 x = make_descriptor(box_descriptor_view(x, stride), x_block)
             elif shift_block is not None:
-                x = make_descriptor(bordered_input(x, padding[0], padding[2]), shift_block)
+                x = make_descriptor(bordered_copy(x, padding[0], padding[2], interpret=interpret), shift_block)
             if split is not None:
                 main = lambda ws, counts: call.launch(grid, (x, w_ref, bias32, res4, out_ref, scale2, x2, ws, counts),
                                                       options)  # fmt: skip

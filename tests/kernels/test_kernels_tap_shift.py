@@ -14,7 +14,7 @@ from kernels_reference import ConvCase, conv_inputs, conv_reference, record_laun
 from fuser.kernels import Activation, Epilogue, Residual, conv2d_act, pack_conv_weight, tile_table
 from fuser.kernels.autotune import TileConfig
 from fuser.kernels.conv import conv2d_tile_candidates
-from fuser.kernels.conv_boxes import SHIFT_MAX_PIXELS, bordered_input
+from fuser.kernels.conv_boxes import SHIFT_MAX_PIXELS
 from fuser.kernels.tile_config import Problem
 
 SILU_ADD = Epilogue(Activation.SILU, residual=Residual.AFTER_ACT)
@@ -129,11 +129,3 @@ def test_the_shipped_table_picks_shifted_taps_only_where_they_ran_fastest() -> N
     assert chosen[(256, "tf32")] == TileConfig(128, 256, 32, 8, 8, 3, tap_shift=1)
     assert chosen[(512, "tf32")].tap_shift and chosen[(512, "tf32")].block_m == 64
     assert chosen[(256, "fp16")] == TileConfig(128, 256, 64, 8, 8, 3)
-
-
-@pytest.mark.parametrize(("top", "left"), [(1, 1), (2, 0), (0, 3)])
-def test_the_bordered_input_is_the_input_after_zero_rows_and_columns(top: int, left: int) -> None:
-    x = (torch.randn(3, 24, 5, 7) + 2.0).to(memory_format=torch.channels_last)
-    bordered = bordered_input(x, top, left).view(3, 5 + top, 7 + left, 24)
-    expected = torch.nn.functional.pad(x.permute(0, 2, 3, 1), (0, 0, left, 0, top, 0))
-    assert torch.equal(bordered, expected)
