@@ -86,6 +86,7 @@ from .splitk import (
     SplitK,
     reduces_in_tail,
     split_k_candidates,
+    split_shifted_twins,
     stream_k_grid,
     wide_split_candidates,
 )
@@ -531,12 +532,14 @@ def implicit_gemm_candidates(
     :func:`conv2d_tile_candidates` both take from here: the box tiles' where boxes can read the input
     (``can_box``) and :func:`conv_boxes.boxes_by_default` picks them, else the row tiles', followed on small
     images by their shifted-tap twins where shifted taps can read the input (``shift_why_not`` is None,
-    :func:`conv_boxes.shifted_twins`)."""
+    :func:`conv_boxes.shifted_twins`), and those of the twins that leave SMs idle split in two
+    (:func:`splitk.split_shifted_twins`)."""
     ow = out_size[1]
     if can_box and boxes_by_default(m, c_in_g, stride, ow):
         return box_candidates(c_in_g, c_out_g, ow, stride[1], operand_bytes)
     rows = conv_candidates(m, c_in_g, c_out_g, k_total, operand_bytes, order, *kernel_size)
-    return shifted_twins(rows, shift_why_not, out_size)
+    steps = lambda c: kernel_size[0] * kernel_size[1] * cdiv(c_in_g, c.block_k)
+    return split_shifted_twins(shifted_twins(rows, shift_why_not, out_size), m, c_out_g, steps)
 
 
 VIRTUAL_CAT_ALIGN = 16  # the smallest channel block: the first source's channels must be a multiple of it

@@ -311,6 +311,28 @@ def wide_split_candidates(
     return out
 
 
+def split_shifted_twins(
+    candidates: Sequence[TileConfig],
+    m: int,
+    n: int,
+    k_steps: Callable[[TileConfig], int],
+    sm_count: int = SM_COUNT,
+) -> list[TileConfig]:
+    """``candidates`` plus, for each unsplit shifted-tap tile whose grid is under one wave and whose reduction
+    is at least :data:`MIN_STEPS_FOR_DEFAULT_SPLIT` steps long, the same tile split in two. Once the bordered copy
+    was one launch, ResNet's 512->512 @7 at batch 32 in tf32 ran fastest on a split 64x128 shifted tile, 11% ahead
+    of the unsplit one (results/conv-tile-sweep-2026-12-03e.json). Appended, so the list's own default stands;
+    the shipped table picks them where it measured them."""
+    out = list(candidates)
+    for config in candidates:
+        if not config.tap_shift or config.split_k > 1 or k_steps(config) < MIN_STEPS_FOR_DEFAULT_SPLIT:
+            continue
+        split = replace(config, split_k=2)
+        if cdiv(m, config.block_m) * cdiv(n, config.block_n) < sm_count and split not in out:
+            out.append(split)
+    return out
+
+
 def wave_fill(ctas: int, sm_count: int = SM_COUNT) -> float:
     """The fraction of the SMs' time a grid of ``ctas`` equal programs keeps busy (1.0: whole waves)."""
     return ctas / (cdiv(ctas, sm_count) * sm_count)

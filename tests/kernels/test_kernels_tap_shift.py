@@ -11,10 +11,11 @@ import torch
 from accuracy import assert_close
 from kernels_reference import ConvCase, conv_inputs, conv_reference, record_launches
 
-from fuser.kernels import Activation, Epilogue, Residual, conv2d_act, pack_conv_weight, tile_table
+from fuser.kernels import Activation, Epilogue, Residual, autotune, conv2d_act, pack_conv_weight, tile_table
 from fuser.kernels.autotune import TileConfig
 from fuser.kernels.conv import conv2d_tile_candidates
 from fuser.kernels.conv_boxes import SHIFT_MAX_PIXELS
+from fuser.kernels.splitk import SM_COUNT, split_shifted_twins
 from fuser.kernels.tile_config import Problem
 
 SILU_ADD = Epilogue(Activation.SILU, residual=Residual.AFTER_ACT)
@@ -111,21 +112,38 @@ def test_small_images_list_the_shifted_twins_after_the_row_tiles() -> None:
     twins = [c for c in candidates if c.tap_shift]
     assert rows and candidates[: len(rows)] == rows, "the row tiles come first: the default stays a row tile"
     expected = [dataclasses.replace(c, tap_shift=1) for c in rows if not (c.box_w or c.stream_k)]
-    assert twins == expected
+    assert twins[: len(expected)] == expected
+    under_a_wave = lambda c: -(-32 * 19 * 19 // c.block_m) * -(-256 // c.block_n) < SM_COUNT
+    splits = [dataclasses.replace(c, split_k=2) for c in expected if c.split_k == 1 and under_a_wave(c)]
+    assert twins[len(expected) :] == [c for c in dict.fromkeys(splits) if c not in expected]
     assert not any(c.tap_shift for c in late_layer_candidates(39)), f"{SHIFT_MAX_PIXELS} pixels at most"
     assert not any(c.tap_shift for c in late_layer_candidates(19, stride=2)), "stride 2 reads no shifted rows"
 
 
 def test_the_shipped_table_picks_shifted_taps_only_where_they_ran_fastest() -> None:
-    """results/conv-tile-sweep-2026-12-03d.json: at batch 32 in tf32, 256->256 @20 ran fastest on the 128x256
-    shifted tile (71.1 us copy included, against 82.4 for the best row tile) and ResNet's 512->512 @7 on shifted
-    64x128 tiles; at batch 32 in fp16, 256->256 @20 stayed on the 128x256 row tile (46.5 against 47.2)."""
+    """results/conv-tile-sweep-2026-12-03e.json (the bordered copy one launch): at batch 32, 256->256 @20 ran
+    fastest on shifted tiles (tf32: 128x256, 64.9 us copy included, against 82.3 for the best row tile; fp16:
+    256x128, 38.2 against 46.7), ResNet's 512->512 @7 in tf32 on the shifted 64x128 split in two (36.1 against
+    49.3); at batch 8 nothing was swept, and the row tiles stay."""
     tile_table.forget_loaded()
     chosen = {}
-    for c, size, elem, precision in [(256, 20, 4, "tf32"), (512, 7, 4, "tf32"), (256, 20, 2, "fp16")]:
-        candidates = late_layer_candidates(size, c=c, precision=precision)
-        problem = Problem(32 * size * size, c, 9 * c, 1, elem, precision)
-        chosen[(c, precision)] = tile_table.lookup("sm90", "conv2d_act", problem, candidates)
-    assert chosen[(256, "tf32")] == TileConfig(128, 256, 32, 8, 8, 3, tap_shift=1)
-    assert chosen[(512, "tf32")].tap_shift and chosen[(512, "tf32")].block_m == 64
-    assert chosen[(256, "fp16")] == TileConfig(128, 256, 64, 8, 8, 3)
+    for c, size, elem, precision, batch in [(256, 20, 4, "tf32", 32), (512, 7, 4, "tf32", 32),
+                                            (256, 20, 2, "fp16", 32), (256, 20, 4, "tf32", 8)]:  # fmt: skip
+        candidates = late_layer_candidates(size, c=c, precision=precision, batch=batch)
+        problem = Problem(batch * size * size, c, 9 * c, 1, elem, precision)
+        chosen[(c, precision, batch)] = autotune.default_config("conv2d_act", candidates, problem, "sm90")
+    assert chosen[(256, "tf32", 32)] == TileConfig(128, 256, 32, 8, 8, 3, tap_shift=1)
+    assert chosen[(512, "tf32", 32)] == TileConfig(64, 128, 32, 8, 4, 4, split_k=2, tap_shift=1)
+    assert chosen[(256, "fp16", 32)] == TileConfig(256, 128, 64, 8, 8, 3, tap_shift=1)
+    assert not chosen[(256, "tf32", 8)].tap_shift
+
+
+def test_shifted_twins_under_a_wave_get_their_split_in_two() -> None:
+    """Only shifted tiles, unsplit, whose grid leaves SMs idle and whose reduction is long get a split twin."""
+    steps = lambda c: 9 * -(-512 // c.block_k)
+    small = TileConfig(64, 128, 32, 8, 4, 4, tap_shift=1)  # 25 x 4 tiles on M = 1568, N = 512
+    full = TileConfig(32, 64, 32, 8, 4, 3, tap_shift=1)  # 49 x 8 tiles
+    row = TileConfig(64, 128, 32, 8, 4, 4)
+    listed = split_shifted_twins([row, small, full], 1568, 512, steps)
+    assert listed == [row, small, full, dataclasses.replace(small, split_k=2)]
+    assert split_shifted_twins([small], 1568, 512, lambda c: 9) == [small], "a short reduction is not split"
