@@ -61,13 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("bordered_copy: needs a CUDA GPU", file=sys.stderr)
         return 2
-    import triton
+    from benchmarks.gpu_models import versions
 
     result = {
+        "benchmark": "bordered_copy",
         "date": dt.date.today().isoformat(),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
+        "card": torch.cuda.get_device_name(),
+        "versions": versions(),
         "method": "CUDA-graph replay medians (benchmarks.layers.bench_all), best of two interleaved rounds",
         "rows": [],
     }

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import fuser
-from benchmarks import box_tiles, gpu_models, layers, readme_results, zoo_cpu
+from benchmarks import bordered_copy, box_tiles, gpu_models, layers, readme_results, zoo_cpu
 from benchmarks.measure import is_conv_or_matmul
 
 
@@ -94,6 +94,16 @@ def test_box_benchmark_reads_where_the_dot_takes_its_a_operand() -> None:
                        "box 1": {"error": "OutOfResources: shared memory"}}}  # fmt: skip
     line = box_tiles.short_line(row)
     assert "best box 0 (shared) 0.1000" in line and "x rows 2.00" in line and "FAILED box 1" in line
+
+
+def test_the_copy_benchmarks_baseline_is_the_bordered_input() -> None:
+    """bordered_copy's baseline (the torch ops the kernel replaced) builds the same buffer as F.pad, so the
+    benchmark compares two ways of one copy; without a GPU the script says so and exits 2."""
+    x = (torch.randn(3, 24, 5, 7) + 2.0).to(memory_format=torch.channels_last)
+    expected = torch.nn.functional.pad(x.permute(0, 2, 3, 1), (0, 0, 1, 0, 1, 0))
+    assert torch.equal(bordered_copy.torch_ops_copy(x, 1, 1).view(3, 6, 8, 24), expected)
+    if not torch.cuda.is_available():
+        assert bordered_copy.main([]) == 2
 
 
 def test_source_digest_names_the_tree_on_disk(tmp_path: Path) -> None:
