@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from .autotune import Problem, TileConfig, device_facts, matmul_candidates
-from .bordered_copy import bordered_copy
+from .bordered_copy import bordered_copy_plan
 from .conv_boxes import (
     bordered_rows,
     box_block,
@@ -983,6 +983,7 @@ def prepare_implicit_gemm(
         w_block, out_block = [config.block_n, config.block_k], [config.block_m, config.block_n]
         x_block = box_block(config) if config.box_w else None
         shift_block = [config.block_m, config.block_k] if config.tap_shift else None
+        bordered = bordered_copy_plan(x, padding[0], padding[2], interpret=interpret) if config.tap_shift else None
         out_desc = use_desc and not config.box_w and not config.tap_shift  # rows not one block of the output's
         split = None
         if config.split_k > 1 or config.stream_k:
@@ -1003,8 +1004,8 @@ def prepare_implicit_gemm(
             out_ref = make_descriptor(out2, out_block) if out_desc else out2
             if x_block is not None:
                 x = make_descriptor(box_descriptor_view(x, stride), x_block)
-            elif shift_block is not None:
-                x = make_descriptor(bordered_copy(x, padding[0], padding[2], interpret=interpret), shift_block)
+            elif bordered is not None:
+                x = make_descriptor(bordered(x), shift_block)
             if split is not None:
                 main = lambda ws, counts: call.launch(grid, (x, w_ref, bias32, res4, out_ref, scale2, x2, ws, counts),
                                                       options)  # fmt: skip

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fuser.kernels.bordered_copy import BLOCK_PIXELS, bordered_copy
+from fuser.kernels.bordered_copy import BLOCK_PIXELS, bordered_copy, bordered_copy_plan
 
 # (N, C, H, W): odd sizes; 24 and 200 channels leave the last channel block partly past C; 3x5x7 pixels with a
 # border do not fill whole pixel blocks, and several images share one block.
@@ -47,18 +47,35 @@ def test_more_pixels_than_one_block_and_a_16_bit_dtype() -> None:
 
 
 @pytest.mark.parametrize(
-    ("shape", "top", "left", "message"),
-    [((3, 24, 5), 1, 1, r"\[N, C, H, W\].*\(3, 24, 5\)"), ((1, 8, 3, 3), -1, 1, "top=-1")],
+    ("shape", "top", "left", "interpret", "message"),
+    [
+        ((3, 24, 5), 1, 1, True, r"\[N, C, H, W\].*\(3, 24, 5\)"),
+        ((1, 8, 3, 3), -1, 1, True, "top=-1"),
+        ((1, 8, 3, 3), 1, 1, False, "need CUDA tensors, but x is on cpu"),
+    ],
 )
-def test_bad_input_is_named(shape: tuple[int, ...], top: int, left: int, message: str) -> None:
+def test_bad_input_is_named(shape: tuple[int, ...], top: int, left: int, interpret: bool, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        bordered_copy(torch.ones(shape), top, left, interpret=True)
+        bordered_copy(torch.ones(shape), top, left, interpret=interpret)
+
+
+def test_a_plan_serves_every_input_of_its_signature() -> None:
+    """One plan per input signature: a second input of the same shape gets its own values, not the first's."""
+    first, second = (
+        copy_input((2, 24, 5, 7), torch.float32, True, "cpu"),
+        copy_input((2, 24, 5, 7), torch.float32, True, "cpu") * -1,
+    )
+    plan = bordered_copy_plan(first, 1, 2, interpret=True)
+    assert torch.equal(plan(first).view(2, 6, 9, 24), padded(first, 1, 2))
+    assert torch.equal(plan(second).view(2, 6, 9, 24), padded(second, 1, 2))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("shape", [*SHAPES, (32, 256, 20, 20), (32, 512, 7, 7)], ids=str)
 def test_the_bordered_copy_on_the_gpu(shape: tuple[int, ...], dtype: torch.dtype) -> None:
-    x = copy_input(shape, dtype, True, "cuda")
+    """Twice per shape: the second input, of the same signature, goes through the plan's direct launch."""
     n, c, h, w = shape
-    assert torch.equal(bordered_copy(x, 1, 1).view(n, h + 1, w + 1, c), padded(x, 1, 1))
+    for sign in (1, -1):
+        x = copy_input(shape, dtype, True, "cuda") * sign
+        assert torch.equal(bordered_copy(x, 1, 1).view(n, h + 1, w + 1, c), padded(x, 1, 1))

@@ -317,8 +317,12 @@ def tma_activation_layer(n: int, c_in: int, c_out: int, h: int, w: int) -> Calla
 # activations as a 5-D descriptor. Shifted taps (YOLO's 256->256 @20 at batch 32, the shipped table's pick from
 # results/conv-tile-sweep-2026-12-03d.json): a 2-D descriptor over a zero-bordered copy made before the launch.
 TMA_ACTIVATION_LAYERS = {
-    "box": (tma_activation_layer(4, 64, 40, 64, 66), {"BOX_W": 16}),
-    "shifted": (tma_activation_layer(32, 256, 256, 20, 20), {"TAP_SHIFT": True, "BLOCK_M": 128, "BLOCK_N": 256}),
+    "box": (tma_activation_layer(4, 64, 40, 64, 66), {"BOX_W": 16}, []),
+    "shifted": (
+        tma_activation_layer(32, 256, 256, 20, 20),
+        {"TAP_SHIFT": True, "BLOCK_M": 128, "BLOCK_N": 256},
+        ["_bordered_copy_kernel"],
+    ),
 }
 
 
@@ -327,16 +331,17 @@ TMA_ACTIVATION_LAYERS = {
 def test_a_tma_activation_layer_is_listed_compiled_ahead_and_found(
     kind: str, triton_cache: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    """The listing plans the launch as the GPU would (its default tile, the activations as a descriptor); a worker
-    compiles it under the key the JIT then looks up."""
-    layer, expected = TMA_ACTIVATION_LAYERS[kind]
+    """The listing plans the launch as the GPU would (its default tile, the activations as a descriptor), with the
+    kernels launched before it (shifted taps: the bordered copy); a worker compiles each under the key the JIT then
+    looks up, so the first forward compiles nothing."""
+    layer, expected, before = TMA_ACTIVATION_LAYERS[kind]
     monkeypatch.setenv(precompile.START_ENV, "fork" if sys.platform.startswith("linux") else "spawn")
-    (variant,) = collect(layer)
-    assert variant.name == "_conv2d_act_kernel"
-    assert {name: variant.constexprs()[name] for name in expected} == expected
-    report = precompile.compile_variants([variant], workers=1, progress=False)
-    assert report.variants == 1 and report.retried_in_process == 0 and report.key_mismatches == 0
-    assert jit_lookups(monkeypatch, layer) == [("_conv2d_act_kernel", True)]
+    variants = collect(layer)
+    assert [v.name for v in variants] == [*before, "_conv2d_act_kernel"]
+    assert {name: variants[-1].constexprs()[name] for name in expected} == expected
+    report = precompile.compile_variants(variants, workers=1, progress=False)
+    assert report.variants == len(variants) and report.retried_in_process == 0 and report.key_mismatches == 0
+    assert jit_lookups(monkeypatch, layer) == [(name, True) for name in [*before, "_conv2d_act_kernel"]]
 
 
 def test_a_plan_the_interpreter_made_is_not_listed():
