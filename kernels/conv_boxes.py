@@ -19,7 +19,7 @@ prologue keep the row tiles (conv.py).
 ``box_w`` is a field of the tile config (tile_config.py); :func:`box_candidates` lists the box configs a
 launch may measure, and :func:`box_refusal` says why a launch cannot use them.
 
-Shifted taps (``tap_shift``). The input is first copied into a zero-bordered
+Shifted taps (``tap_shift``). The input is first copied (bordered_copy.py) into a zero-bordered
 buffer ``[N, H + pad_top, W + pad_left, C]`` (the conv's pixel ``(h, w)`` at ``(h + pad_top, w + pad_left)``; the
 zero rows and columns on top and left double as the previous image's bottom and the previous row's right
 border). The GEMM then runs over the bordered grid's rows: bordered pixel ``q`` reads, for tap ``(kh, kw)``, bordered

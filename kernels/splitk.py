@@ -322,8 +322,9 @@ def split_shifted_twins(
     is at least :data:`MIN_STEPS_FOR_DEFAULT_SPLIT` steps long, the same tile split in two. Once the bordered copy
     was one launch, ResNet's 512->512 @7 at batch 32 in tf32 ran fastest on a split 64x128 shifted tile, 11% ahead
     of the unsplit one (results/conv-tile-sweep-2026-12-03e.json). Appended, so the list's own default stands;
-    the shipped table picks them where it measured them. ``m`` is the output's rows; a shifted tile's grid covers
-    the bordered rows too (up to a third more on a 7x7 image), so the wave test is the lenient one."""
+    the shipped table picks them where it measured them. ``m`` is the output's rows; a shifted tile's grid also
+    covers the border rows (up to a third more on a 7x7 image), so a split may be listed where the bordered grid
+    just fills a wave: listing it only lets the table or tuning measure it."""
     out = list(candidates)
     for config in candidates:
         if not config.tap_shift or config.split_k > 1 or k_steps(config) < MIN_STEPS_FOR_DEFAULT_SPLIT:
