@@ -10,7 +10,7 @@ us there (results/bordered-copy-2026-12-03.json).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import triton
@@ -58,26 +58,26 @@ def _bordered_copy_kernel(
 
 
 def bordered_copy_plan(
-    x: torch.Tensor, top: int, left: int, *, interpret: bool = False
+    shape: Sequence[int], strides: Sequence[int], top: int, left: int, *, interpret: bool = False
 ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A call ``run(x) -> buffer`` for every input with ``x``'s shape, strides, dtype, device and 16-byte alignment:
-    the new ``[N * (H + top) * (W + left), C]`` buffer holding ``x`` (``[N, C, H, W]``, any strides; the copy is
-    fastest from channels_last) after ``top`` zero rows per image and ``left`` zero columns per row.
+    """A call ``run(x) -> buffer`` for every ``[N, C, H, W]`` input ``x`` of this shape and these strides (any; the
+    copy is fastest from channels_last), of one dtype, device and 16-byte alignment: the new
+    ``[N * (H + top) * (W + left), C]`` buffer holding ``x`` after ``top`` zero rows per image and ``left`` zero
+    columns per row. The plan keeps no tensor: a conv plan holds it for as long as the model lives.
 
     Its launches after the first call the compiled kernel directly (:class:`LaunchOptions`): through
     ``JITFunction.run`` the copy cost more host time than its 2-6 us on the GPU. ``interpret=True`` runs the kernel
     in Triton's interpreter on CPU tensors."""
-    if x.dim() != 4:
-        raise ValueError(f"bordered_copy: expected an [N, C, H, W] tensor, got shape {tuple(x.shape)}")
+    if len(shape) != 4 or len(strides) != 4:
+        raise ValueError(f"bordered_copy: expected an [N, C, H, W] tensor, got shape {tuple(shape)}")
     if top < 0 or left < 0:
         raise ValueError(f"bordered_copy: borders must be >= 0, got top={top}, left={left}")
-    check_device("bordered_copy", interpret, {"x": x})
-    n, c, h, w = x.shape
+    n, c, h, w = shape
     pixels = n * (h + top) * (w + left)
     block_c = min(128, max(16, triton.next_power_of_2(c)))
     grid = (cdiv(pixels, BLOCK_PIXELS), cdiv(c, block_c))
     options = LaunchOptions(dict(TOP=top, LEFT=left, BLOCK_P=BLOCK_PIXELS, BLOCK_C=block_c, num_warps=4))
-    scalars = (c, h, w, pixels, *x.stride())
+    scalars = (c, h, w, pixels, *strides)
 
     def run(x: torch.Tensor) -> torch.Tensor:
         out = x.new_empty((pixels, c))
@@ -91,7 +91,10 @@ _plans = PlanCache()
 
 
 def bordered_copy(x: torch.Tensor, top: int, left: int, *, interpret: bool = False) -> torch.Tensor:
-    """:func:`bordered_copy_plan`'s buffer for ``x``, through a plan kept per input signature."""
-    return _plans.get(
-        lambda: (tensor_meta(x), top, left, interpret), lambda: bordered_copy_plan(x, top, left, interpret=interpret)
-    )(x)
+    """:func:`bordered_copy_plan`'s buffer for ``x`` (on the CPU with ``interpret=True``, else on CUDA), through a
+    plan kept per input signature."""
+    if x.dim() != 4:
+        raise ValueError(f"bordered_copy: expected an [N, C, H, W] tensor, got shape {tuple(x.shape)}")
+    check_device("bordered_copy", interpret, {"x": x})
+    plan = lambda: bordered_copy_plan(x.shape, x.stride(), top, left, interpret=interpret)
+    return _plans.get(lambda: (tensor_meta(x), top, left, interpret), plan)(x)

@@ -962,6 +962,7 @@ def prepare_implicit_gemm(
     # The runner outlives this call (with_fallback keeps it): it must not hold the example tensors, which a
     # plan first made inside a compiled forward has from that forward's CUDA-graph pool.
     out_row_stride, device, has_bias = out2.stride(0), x.device, bias32 is not None
+    x_shape, x_strides = tuple(x.shape), x.stride()  # the runners keep these, not the example tensor
     facts = device_facts(device)
     sm_count = facts[2] if facts is not None and not interpret else STREAM_K_INTERPRETER_SMS
 
@@ -983,7 +984,11 @@ def prepare_implicit_gemm(
         w_block, out_block = [config.block_n, config.block_k], [config.block_m, config.block_n]
         x_block = box_block(config) if config.box_w else None
         shift_block = [config.block_m, config.block_k] if config.tap_shift else None
-        bordered = bordered_copy_plan(x, padding[0], padding[2], interpret=interpret) if config.tap_shift else None
+        bordered = (
+            bordered_copy_plan(x_shape, x_strides, padding[0], padding[2], interpret=interpret)
+            if config.tap_shift
+            else None
+        )
         out_desc = use_desc and not config.box_w and not config.tap_shift  # rows not one block of the output's
         split = None
         if config.split_k > 1 or config.stream_k:

@@ -63,7 +63,7 @@ def test_a_plan_serves_every_input_of_its_signature() -> None:
     """One plan per input signature: a second input of the same shape gets its own values, not the first's."""
     first = copy_input((2, 24, 5, 7), torch.float32, True, "cpu")
     second = -first
-    plan = bordered_copy_plan(first, 1, 2, interpret=True)
+    plan = bordered_copy_plan(first.shape, first.stride(), 1, 2, interpret=True)
     assert torch.equal(plan(first).view(2, 6, 9, 24), padded(first, 1, 2))
     assert torch.equal(plan(second).view(2, 6, 9, 24), padded(second, 1, 2))
 
