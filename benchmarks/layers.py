@@ -455,7 +455,17 @@ def table(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The plot's bar series: (label, the row's speedup key, and for linear rows the key standing in for it).
+PLOT_SERIES = [
+    ("vs cuDNN with BN folded + act (conv) / the matmul alone (linear): the target", "speedup_vs_cudnn_folded_act",
+     "speedup_vs_matmul_alone"),
+    ("vs torch.compile (freezing; batch 32 and linear rows)", "speedup_vs_torch_compile", None),
+    ("vs eager (channels_last for convs)", "speedup_vs_eager_cl", "speedup_vs_eager"),
+]  # fmt: skip
+
+
 def plot(result: dict, png: Path) -> None:
+    """One row per layer, one bar per baseline of :data:`PLOT_SERIES` (a missing baseline draws no bar), log scale."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -463,26 +473,23 @@ def plot(result: dict, png: Path) -> None:
 
     rows = [r for r in result["rows"] if "error" not in r]
     labels = [f"{r['layer']} B{r['batch']} {r['dtype']}" for r in rows]
-    vs_base = [r.get("speedup_vs_eager_cl", r.get("speedup_vs_eager")) for r in rows]
-    vs_compile = [r.get("speedup_vs_torch_compile") for r in rows]
-    fig, ax = plt.subplots(figsize=(11, 0.28 * len(rows) + 1.5))
-    y = range(len(rows))
-    ax.barh([i + 0.2 for i in y], vs_base, height=0.4, label="vs eager (channels_last for convs)")
-    ax.barh(
-        [i - 0.2 for i in y],
-        [v if v is not None else 0 for v in vs_compile],
-        height=0.4,
-        label="vs torch.compile (freezing)",
-    )
+    fig, ax = plt.subplots(figsize=(11, 0.36 * len(rows) + 1.5))
+    height = 0.8 / len(PLOT_SERIES)
+    for k, (label, key, linear_key) in enumerate(PLOT_SERIES):
+        offset = (k - (len(PLOT_SERIES) - 1) / 2) * height
+        bars = [(i + offset, r.get(key) or r.get(linear_key or key)) for i, r in enumerate(rows)]
+        bars = [(y, value) for y, value in bars if value]
+        ax.barh([y for y, _ in bars], [value for _, value in bars], height=height, label=label)
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_xscale("log")
-    ax.set_yticks(list(y), labels, fontsize=7)
+    ax.set_yticks(list(range(len(rows))), labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("speedup of the fused kernel (log scale, > 1 is faster)")
     ax.set_title(f"fuser layer speedups, {result['gpu']}, {result['date']}")
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -106,6 +106,22 @@ def test_the_copy_benchmarks_baseline_is_the_bordered_input() -> None:
         assert bordered_copy.main([]) == 2
 
 
+def test_the_layer_plot_draws_every_baseline_the_rows_have(tmp_path: Path) -> None:
+    """Each plotted series is a speedup add_ratios writes (conv or linear key); a baseline a row lacks (no
+    torch.compile at batch 1) draws no bar rather than failing."""
+    conv = {"kind": "conv", "layer": "c", "batch": 1, "dtype": "fp32", "fused_ms": 0.5, "eager_nchw_ms": 1.0,
+            "eager_cl_ms": 0.9, "cudnn_folded_act_ms": 0.6, "floor_ms": 0.1}  # fmt: skip
+    linear = {"kind": "linear", "layer": "l", "batch": 16, "dtype": "bf16", "fused_ms": 0.2, "eager_ms": 0.3,
+              "matmul_alone_ms": 0.25, "torch_compile_ms": 0.4, "floor_ms": 0.1}  # fmt: skip
+    for row in (conv, linear):
+        layers.add_ratios(row)
+    for _, key, linear_key in layers.PLOT_SERIES:
+        assert key in conv or key in linear, key
+        assert linear_key is None or linear_key in linear, linear_key
+    layers.plot({"gpu": "CPU", "date": "2026-12-03", "rows": [conv, linear]}, tmp_path / "layers.png")
+    assert (tmp_path / "layers.png").stat().st_size > 0
+
+
 def test_source_digest_names_the_tree_on_disk(tmp_path: Path) -> None:
     """Runs record which sources they measured by content, not by the git metadata beside them."""
     for folder in gpu_models.SOURCE_FOLDERS:
