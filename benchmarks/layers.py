@@ -239,6 +239,8 @@ def conv_row(layer: ConvLayer, batch: int, dtype_name: str, ceilings: dict[str, 
             "eager_nchw_ms": lambda: block(x),
             "eager_cl_ms": lambda: block_cl(x_cl),
             "cudnn_folded_act_ms": lambda: F.silu(F.conv2d(x_cl, w_fold, b_fold, layer.stride, pad, 1, layer.groups)),
+            # the conv kernel alone (no bias, no activation): what fuser's kernel does beyond it is its epilogue
+            "cudnn_conv_alone_ms": lambda: F.conv2d(x_cl, w_fold, None, layer.stride, pad, 1, layer.groups),
         }
         if use_compile:
             fn, row["compile_s"] = compiled(block_cl, x_cl)
@@ -309,6 +311,7 @@ def add_ratios(row: dict) -> None:
         "eager_nchw_ms",
         "eager_cl_ms",
         "cudnn_folded_act_ms",
+        "cudnn_conv_alone_ms",
         "torch_compile_ms",
         "eager_ms",
         "matmul_alone_ms",
@@ -413,23 +416,24 @@ def table(result: dict) -> str:
         "",
         "## conv -> BN -> SiLU",
         "",
-        "| layer | B | dtype | fused | eager NCHW | eager CL | cuDNN folded + act | torch.compile | floor "
-        "| x eager CL | x compile | fused / floor | err |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| layer | B | dtype | fused | eager NCHW | eager CL | cuDNN folded + act | cuDNN conv alone | torch.compile "
+        "| floor | x eager CL | x cuDNN + act | x compile | fused / floor | err |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
         if row["kind"] != "conv":
             continue
         if "error" in row:
             lines.append(
-                f"| {row['layer']} | {row['batch']} | {row['dtype']} | error: {row['error'][:80]} |" + " |" * 9
+                f"| {row['layer']} | {row['batch']} | {row['dtype']} | error: {row['error'][:80]} |" + " |" * 11
             )
             continue
         lines.append(
             f"| {row['layer']} | {row['batch']} | {row['dtype']} | {fmt(row['fused_ms'])} | "
             f"{fmt(row['eager_nchw_ms'])} | {fmt(row['eager_cl_ms'])} | {fmt(row['cudnn_folded_act_ms'])} | "
-            f"{fmt(row.get('torch_compile_ms'))} | {fmt(row['floor_ms'])} | "
-            f"{fmt(row['speedup_vs_eager_cl'], 2)} | {fmt(row.get('speedup_vs_torch_compile'), 2)} | "
+            f"{fmt(row.get('cudnn_conv_alone_ms'))} | {fmt(row.get('torch_compile_ms'))} | {fmt(row['floor_ms'])} | "
+            f"{fmt(row['speedup_vs_eager_cl'], 2)} | {fmt(row.get('speedup_vs_cudnn_folded_act'), 2)} | "
+            f"{fmt(row.get('speedup_vs_torch_compile'), 2)} | "
             f"{fmt(row['fused_over_floor'], 2)} | {row['fused_rel_error']:.1e} |"
         )
     lines += [
