@@ -169,6 +169,24 @@ def _line(pattern: str, result: dict) -> str:
     return f"scaling {_span([r['scaling'] for r in rows])}, outputs identical: {equal}" if rows else "no runs"
 
 
+def _row_key(row: dict) -> tuple:
+    return tuple(row.get(k) for k in ("model", "source", "layer", "batch", "dtype", "precision", "gpus"))
+
+
+def newest_rows(complete: list[Path]) -> tuple[list[dict], dict[Path, int]]:
+    """Each row (one model, batch and dtype; one layer) as the newest of ``complete`` measured it, and how many rows
+    each run gave: a headline made from every run of a day would mix trees, one row's old time beside another's
+    new one."""
+    rows: dict[tuple, dict] = {}
+    sources: dict[Path, int] = {}
+    for path in reversed(complete):
+        for row in _load(path)["rows"]:
+            if _row_key(row) not in rows:
+                rows[_row_key(row)] = row
+                sources[path] = sources.get(path, 0) + 1
+    return list(rows.values()), sources
+
+
 def summary() -> str:
     """The README's results section: one line per benchmark, and where the tables are."""
     lines = [
@@ -182,14 +200,18 @@ def summary() -> str:
         if not complete:
             lines.append(f"| {title} | not measured yet | |")
             continue
-        result = _load(complete[-1])
-        result = result | {"rows": [r for p in complete for r in _load(p)["rows"]]}  # every run shown in full
+        rows, sources = newest_rows(complete)
+        result = _load(complete[-1]) | {"rows": rows}
         where = result.get("card") or result.get("gpu") or result.get("machine", {}).get("cpu", "")
         try:
             headline = _line(pattern, result)
         except (KeyError, TypeError, ZeroDivisionError, ValueError) as e:
             headline = f"(no summary: {type(e).__name__})"
-        lines.append(f"| {title} | {_link(complete[-1], ROOT)}, {where}, {result.get('date', '?')} | {headline} |")
+        if len(sources) > 1:
+            counts = [f"{n} from `{path.name}`" for path, n in sources.items()]
+            headline += f"; rows: {', '.join(counts)}"
+        runs_cell = ", ".join(_link(path, ROOT) for path in sources)
+        lines.append(f"| {title} | {runs_cell}, {where}, {result.get('date', '?')} | {headline} |")
     return "\n".join(lines)
 
 

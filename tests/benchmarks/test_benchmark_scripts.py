@@ -248,6 +248,33 @@ def test_generator_shows_the_newest_complete_run(monkeypatch: pytest.MonkeyPatch
                                                                    "gpu-models-2026-12-01-quick.json"})  # fmt: skip
 
 
+def _model_row(model: str, batch: int, fuser_ms: float) -> dict:
+    ms = {"fuser+cuda_graphs": fuser_ms, "eager+cuda_graphs": 3.0, "torch.compile reduce-overhead": 1.5}
+    return {"model": model, "source": "torchvision", "batch": batch, "dtype": "float16", "ms": ms}
+
+
+def test_headline_takes_each_row_from_the_newest_run_that_measured_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Two complete runs of one day on two trees: the older one's time of a row the newer one measured again is
+    left out of the headline (it once reported 38 rows of 8 models), a row only the older one has is kept, and
+    the headline says which run gave how many."""
+    run = {"date": "2026-12-03", "card": "NVIDIA H200"}
+    older = run | {
+        "time": "10:00 UTC",
+        "rows": [_model_row("resnet50", 32, 0.5), _model_row("mobilenet_v3_large", 32, 1.2)],
+    }
+    newer = run | {"time": "14:00 UTC", "rows": [_model_row("resnet50", 32, 1.0)]}
+    (tmp_path / "gpu-models-2026-12-03a.json").write_text(json.dumps(older))
+    (tmp_path / "gpu-models-2026-12-03b.json").write_text(json.dumps(newer))
+    monkeypatch.setattr(readme_results, "RESULTS", tmp_path)
+    monkeypatch.setattr(readme_results, "ROOT", tmp_path)
+    line = next(row for row in readme_results.summary().splitlines() if row.startswith("| Whole models on the GPU"))
+    assert "1.25-1.50x against torch.compile reduce-overhead (2 model rows)" in line  # 1.5 / 1.0 and 1.5 / 1.2
+    assert "2.50-3.00x against eager with CUDA graphs" in line  # with the older 0.5 ms ResNet-50 row: 2.50-6.00x
+    assert "1 from `gpu-models-2026-12-03b.json`, 1 from `gpu-models-2026-12-03a.json`" in line
+
+
 CHECKS = ["bn", "error", "untouched", "save_load", "no_dead_weights"]  # tests/zoo/zoo_checks.py's
 
 
