@@ -21,12 +21,14 @@ import json
 import platform
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 
 import fuser
 from fuser import models
+from fuser.runtime.profiling import interleaved_ms
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [("yolov8n", 640), ("yolov8n", 320), ("resnet50", 224), ("efficientnet_b0", 224)]
@@ -42,16 +44,7 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def interleaved(a, b, x: torch.Tensor, repeats: int) -> tuple[list[float], list[float]]:
-    """ms of each a(x) and b(x) call, timed alternately after one warm-up call of each."""
-    a(x), b(x)
-    ta, tb = [], []
-    for _ in range(repeats):
-        for fn, times in ((a, ta), (b, tb)):
-            start = time.perf_counter()
-            fn(x)
-            times.append((time.perf_counter() - start) * 1e3)
-    return ta, tb
+CPU = torch.device("cpu")
 
 
 def run(repeats: int, batch: int, threads: int, only: list[str] | None = None) -> dict:
@@ -69,7 +62,8 @@ def run(repeats: int, batch: int, threads: int, only: list[str] | None = None) -
             optimized = fuser.optimize(model, (x,), backend="torch")
             optimize_s.append(time.perf_counter() - start)
         with torch.no_grad():
-            eager_times, fused_times = interleaved(model, optimized, x, repeats)
+            times = interleaved_ms({"eager": partial(model, x), "fused": partial(optimized, x)}, CPU, repeats, warmup=1)
+            eager_times, fused_times = times["eager"], times["fused"]
             reference = models.build(name).double()(x.double())
             out = optimized(x)
         error = ((out.double() - reference).norm() / reference.norm()).item()

@@ -38,23 +38,45 @@ def count_launches(fn: Callable[[], Any], device: torch.device) -> int:
     )
 
 
+def _call_ms(fn: Callable[[], Any], device: torch.device) -> float:
+    """Wall time of one ``fn()`` in milliseconds (CUDA events on the GPU, perf_counter on the CPU)."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
 def median_ms(fn: Callable[[], Any], device: torch.device, repeats: int = 20, warmup: int = 3) -> float:
     """Median wall time of ``fn()`` in milliseconds (CUDA events on the GPU, perf_counter on the CPU)."""
-    for _ in range(warmup):
-        fn()
-    times = []
+    return statistics.median(interleaved_ms({"fn": fn}, device, repeats, warmup)["fn"])
+
+
+def interleaved_ms(
+    fns: dict[str, Callable[[], Any]], device: torch.device, repeats: int = 20, warmup: int = 3
+) -> dict[str, list[float]]:
+    """Each call's time in milliseconds, per name of ``fns``, the functions called in turn (repeat r of every one,
+    then repeat r + 1) after ``warmup`` calls of each. Timed one after the other, a slower phase of a shared
+    machine (another job starting) falls on one side only: a CPU demo once printed 11.8x for what measured as
+    break-even interleaved. Compare with :func:`pairwise_ratio`."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-    else:
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            times[name].append(_call_ms(fn, device))
+    return times
+
+
+def pairwise_ratio(before: list[float], after: list[float]) -> float:
+    """The median of ``before[r] / after[r]`` over the repeats of :func:`interleaved_ms`: each ratio compares two
+    calls made next to each other, so load that drifts over the run cancels."""
+    return statistics.median(b / a for b, a in zip(before, after, strict=True))
