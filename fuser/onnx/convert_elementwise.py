@@ -110,6 +110,23 @@ def div(ctx: NodeContext) -> Any:
     return _binary(ctx, "div")
 
 
+@converter("Mod", versions=(10, 13))
+def mod(ctx: NodeContext) -> Any:
+    """``fmod=0`` (integers only): the remainder takes the divisor's sign, as ``torch.remainder`` and Python's ``%``;
+    ``fmod=1``: the dividend's, as ``torch.fmod``. torchvision's attention computes a head size this way from two
+    constants, which fold; on shape vectors it stays symbolic."""
+    fmod = int(ctx.attr("fmod", 0))
+    dtype = ctx.dtype(0) or ctx.dtype(1)
+    if not fmod and dtype is not None and not is_integral(dtype):
+        raise ctx.invalid(f"fmod=0 on {dtype} inputs (ONNX requires fmod=1 for floating-point types)")
+    a, b = ctx.input(0), ctx.input(1)
+    if not fmod:
+        symbolic = _symbolic_binary(ctx, "mod", a, b)
+        if symbolic is not None:
+            return symbolic
+    return ctx.call(torch.fmod if fmod else torch.remainder, a, _operand(ctx, 1, a))
+
+
 @converter("Equal", versions=(11, 13, 19))
 def equal(ctx: NodeContext) -> Any:
     a, b = ctx.input(0), ctx.input(1)

@@ -1,4 +1,4 @@
-"""Converters for layers with weights or windows: Conv, BatchNormalization, MatMul, Gemm, pooling,
+"""Converters for layers with weights or windows: Conv, ConvTranspose, BatchNormalization, MatMul, Gemm, pooling,
 LayerNormalization, ReduceMean, CumSum, Resize, Pad.
 
 These emit the canonical forms the fusion passes match: ``F.conv2d(x, w, b, stride, padding, dilation,
@@ -23,6 +23,7 @@ from fuser.onnx.registry import converter
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 _AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
+_CONV_TRANSPOSE = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 
 
 def torch_pad(begins: list[int], ends: list[int]) -> list[int]:
@@ -93,6 +94,68 @@ def conv(ctx: NodeContext) -> Any:
         padding = (0,) * n
     groups = int(ctx.attr("group", 1))
     return ctx.call(_CONV[n], x, w, b, tuple(strides), padding, tuple(dilations), groups)
+
+
+def _transpose_pads(
+    ctx: NodeContext, n: int, kernel: list[int], strides: list[int], dilations: list[int], output_padding: list[int]
+) -> list[int]:
+    """ConvTranspose's pads (begins then ends): given, or made from ``output_shape`` or ``auto_pad`` SAME (the total
+    is what the full output has beyond the asked size). Where that total is odd, SAME_UPPER crops the larger half
+    at the end and SAME_LOWER, or an ``output_shape`` alone, at the beginning, as onnxruntime does (the spec's
+    wording of this has changed between versions). Asked sizes need the input's spatial size at import time."""
+    auto_pad = ctx.attr("auto_pad", "NOTSET")
+    output_shape = ctx.attr("output_shape")
+    if output_shape is None and auto_pad in ("NOTSET", "", "VALID"):
+        pads = [0] * 2 * n if auto_pad == "VALID" else list(ctx.attr("pads", [0] * 2 * n))
+        if len(pads) != 2 * n:
+            raise ctx.invalid(f"pads {pads} do not have 2 * {n} entries")
+        return pads
+    if auto_pad not in ("NOTSET", "", "SAME_UPPER", "SAME_LOWER"):
+        raise ctx.invalid(f"auto_pad={auto_pad!r}")
+    spatial = (ctx.static_shape(0) or [None] * (n + 2))[2:]
+    if any(size is None for size in spatial):
+        raise ctx.unsupported("an output_shape or auto_pad=SAME over a spatial size not known at import time")
+    if output_shape is not None:
+        asked = list(output_shape)[-n:]
+    else:
+        asked = [size * stride for size, stride in zip(spatial, strides, strict=True)]
+    begins, ends = [], []
+    for i in range(n):
+        full = strides[i] * (spatial[i] - 1) + output_padding[i] + (kernel[i] - 1) * dilations[i] + 1
+        total = full - asked[i]
+        if total < 0:
+            raise ctx.unsupported(f"output size {asked[i]} larger than the {full} the transposed convolution gives")
+        small, large = total // 2, total - total // 2
+        upper = auto_pad == "SAME_UPPER"
+        begins.append(small if upper else large)
+        ends.append(large if upper else small)
+    return begins + ends
+
+
+@converter("ConvTranspose", versions=(1, 11, 22))
+def conv_transpose(ctx: NodeContext) -> Any:
+    """``F.conv_transpose{1,2,3}d``, with unequal begin and end pads cropped from the output by a slice (torch's
+    ``padding`` crops both sides alike). Not fused: it runs as torch runs it; ultralytics' segmentation heads
+    upsample their mask prototypes with one."""
+    x, w, b = ctx.input(0), ctx.input(1), ctx.optional_input(2)
+    n = _spatial_rank(ctx, 1, "ConvTranspose")
+    weight_shape = ctx.static_shape(1)
+    kernel = list(ctx.attr("kernel_shape", weight_shape[2:] if weight_shape else []))
+    if len(kernel) != n or any(k is None for k in kernel):
+        raise ctx.unsupported("a transposed convolution whose kernel size is not known at import time")
+    strides = list(ctx.attr("strides", [1] * n))
+    dilations = list(ctx.attr("dilations", [1] * n))
+    output_padding = list(ctx.attr("output_padding", [0] * n))
+    pads = _transpose_pads(ctx, n, kernel, strides, dilations, output_padding)
+    begins, ends = pads[:n], pads[n:]
+    groups = int(ctx.attr("group", 1))
+    shared = [min(p, q) for p, q in zip(begins, ends, strict=True)]
+    y = ctx.call(_CONV_TRANSPOSE[n], x, w, b, tuple(strides), tuple(shared), tuple(output_padding), groups,
+                 tuple(dilations))  # fmt: skip
+    if begins == ends:
+        return y
+    crop = [slice(p - c, -(q - c) or None) for p, q, c in zip(begins, ends, shared, strict=True)]
+    return ctx.call(operator.getitem, y, (slice(None), slice(None), *crop))
 
 
 @converter("BatchNormalization", versions=(9, 14, 15))

@@ -1,4 +1,4 @@
-"""Converters for shapes and data movement: Shape, Gather, GatherElements, GatherND, Concat, Split, Slice,
+"""Converters for shapes and data movement: Shape, Gather, GatherElements, GatherND, ScatterND, Concat, Split, Slice,
 Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Expand, Constant, ConstantOfShape, Range.
 
 Shape yields a :class:`~fuser.onnx.shape_values.ShapeValue` of ``x.size(i)`` nodes for the batch and the
@@ -78,6 +78,24 @@ def gather_nd(ctx: NodeContext) -> Any:
     if ctx.dtype(1) != torch.int64:
         index = ctx.method("long", index)
     return ctx.call(operator.getitem, ctx.input(0), ctx.call(torch.unbind, index, -1))
+
+
+@converter("ScatterND", versions=(11, 13, 16, 18))
+def scatter_nd(ctx: NodeContext) -> Any:
+    """A copy of ``data`` with ``data[tuple(indices.unbind(-1))]`` set to ``updates`` (``reduction="add"``: added to
+    them): ``torch.index_put``, whose advanced indexing reads ONNX's index layout and negative indices as
+    GatherND's does. ultralytics' pose head writes its decoded keypoints into a copy this way."""
+    reduction = ctx.attr("reduction", "none")
+    if reduction not in ("none", "add"):
+        raise ctx.unsupported(f"reduction={reduction!r} (none and add are converted)")
+    depth = (ctx.static_shape(1) or [None])[-1]
+    if depth == 0:
+        raise ctx.unsupported("indices whose last dim is 0")
+    index = ctx.input(1)
+    if ctx.dtype(1) != torch.int64:
+        index = ctx.method("long", index)
+    indices = ctx.call(torch.unbind, index, -1)
+    return ctx.call(torch.index_put, ctx.input(0), indices, ctx.input(2), accumulate=reduction == "add")
 
 
 @converter("Concat", versions=(4, 11, 13))

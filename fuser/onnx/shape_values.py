@@ -66,7 +66,7 @@ def from_tensor(t: torch.Tensor) -> ShapeValue | None:
     return ShapeValue(tuple(t.reshape(-1).tolist()), scalar=t.dim() == 0, dtype=t.dtype)
 
 
-_OPERATORS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "eq": operator.eq}
+_OPERATORS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "eq": operator.eq, "mod": operator.mod}
 
 
 def _trunc_div(a: int | float, b: int | float, integral: bool) -> int | float:
@@ -89,7 +89,8 @@ class ItemOps:
     is_nonnegative: Callable[[Item], bool]
 
     def binary(self, op: str, a: Item, b: Item, integral: bool) -> Item | None:
-        """``a op b`` for op in add/sub/mul/div/eq; None when it cannot stay symbolic."""
+        """``a op b`` for op in add/sub/mul/div/eq/mod (mod: integers, the divisor's sign, as Python's ``%``); None when
+        it cannot stay symbolic."""
         if not isinstance(a, fx.Node) and not isinstance(b, fx.Node):
             if op == "div":
                 return _trunc_div(a, b, integral)
@@ -105,6 +106,8 @@ class ItemOps:
                 return self.emit(operator.truediv, (a, b))
             if self.is_nonnegative(a) and (self.is_nonnegative(b) or (not isinstance(b, fx.Node) and b > 0)):
                 return self.emit(operator.floordiv, (a, b))
+            return None
+        if op == "mod" and not integral:
             return None
         if op == "mul" and not isinstance(b, fx.Node) and b == 1:
             return a

@@ -8,6 +8,8 @@ import torch
 from onnx import TensorProto, helper
 from onnx_testing import INT64, call_targets, check_import, const, info, make_model, single_op
 
+from fuser.onnx.importer import import_onnx
+
 SHAPE = ["N", 3, 7, 5]
 
 
@@ -171,3 +173,30 @@ def test_max_min_of_a_shape_vector_stays_symbolic(op: str) -> None:
     model = make_model(nodes, [info("x0", SHAPE)], [info("y0", None, INT64)], [const("floor", [1, 6, 6, 6])], opset=13)
     module = check_import(model, f"{op} of Shape")
     assert not {torch.maximum, torch.minimum} & set(call_targets(module))
+
+
+@pytest.mark.parametrize("fmod", [0, 1])
+def test_integer_mod_takes_the_sign_onnx_says(fmod: int) -> None:
+    """Dividends in [-5, 5] over divisors of both signs: fmod=0 gives the divisor's sign (-7 mod 3 is 2), fmod=1
+    the dividend's (-1)."""
+    node = helper.make_node("Mod", ["x0", "c"], ["y0"], fmod=fmod)
+    divisor = const("c", np.array([2, -3, 4, 7, -1], np.int64))
+    model = make_model([node], [info("x0", SHAPE, INT64)], [info("y0", None, INT64)], [divisor], opset=13)
+    check_import(model, f"int64 Mod fmod={fmod}")
+
+
+def test_float_mod_of_two_inputs() -> None:
+    check_import(single_op("Mod", [SHAPE, [7, 5]], opset=13, fmod=1), "float Mod")
+
+
+def test_mod_of_a_shape_vector_stays_symbolic() -> None:
+    """The batch size mod 3, as shape arithmetic does it: no tensor op, the batch read at run time."""
+    nodes = [helper.make_node("Shape", ["x0"], ["s"]), helper.make_node("Mod", ["s", "three"], ["y0"])]
+    model = make_model(nodes, [info("x0", SHAPE)], [info("y0", None, INT64)], [const("three", [3, 2, 4, 3])], opset=13)
+    module = check_import(model, "Mod of Shape", batches=(2, 7))
+    assert torch.remainder not in call_targets(module) and "size" in call_targets(module)
+
+
+def test_float_mod_without_fmod_is_refused_with_its_node() -> None:
+    with pytest.raises(ValueError, match=r"'Mod_0' \(ai.onnx::Mod, opset 13\): .*fmod=0 on torch.float32"):
+        import_onnx(single_op("Mod", [SHAPE, [7, 5]], opset=13))

@@ -1,4 +1,4 @@
-"""Layers imported from ONNX (Conv, BatchNormalization, MatMul, Gemm, pools, LayerNormalization,
+"""Layers imported from ONNX (Conv, ConvTranspose, BatchNormalization, MatMul, Gemm, pools, LayerNormalization,
 ReduceMean, CumSum, Resize, Pad) match onnxruntime at two batch sizes, across attribute and opset forms."""
 
 from __future__ import annotations
@@ -55,6 +55,48 @@ def test_conv(case: str, bias: bool) -> None:
     node = helper.make_node("Conv", ["x", "w"] + (["b"] if bias else []), ["y"], **spec["attrs"])
     model = make_model([node], [info("x", ["N", *spec["x"]])], [info("y", None)], inits, opset=13)
     check_import(model, f"Conv {case}")
+
+
+# -- ConvTranspose ---------------------------------------------------------------------------------
+
+
+# The weight is [C_in, C_out / group, *kernel].
+CONV_TRANSPOSE_CASES = {
+    "k2s2": dict(x=[5, 13, 11], w=[5, 7, 2, 2], attrs={"strides": [2, 2]}),  # ultralytics' mask prototypes
+    "pads": dict(x=[5, 13, 11], w=[5, 7, 3, 3], attrs={"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    "asymmetric": dict(x=[5, 13, 11], w=[5, 7, 3, 3], attrs={"strides": [2, 2], "pads": [0, 1, 2, 0]}),
+    "output-padding": dict(
+        x=[5, 13, 11], w=[5, 7, 3, 4], attrs={"strides": [2, 3], "pads": [1, 1, 1, 1], "output_padding": [1, 2]}
+    ),
+    "groups-dilation": dict(x=[6, 13, 11], w=[6, 3, 3, 3], attrs={"group": 3, "dilations": [2, 1]}),
+    "output-shape": dict(x=[5, 13, 11], w=[5, 7, 3, 3], attrs={"strides": [2, 2], "output_shape": [26, 21]}),
+    "output-shape-upper": dict(
+        x=[5, 13, 11], w=[5, 7, 3, 3], attrs={"strides": [2, 2], "output_shape": [26, 21], "auto_pad": "SAME_UPPER"}
+    ),
+    "same-upper": dict(x=[5, 13, 11], w=[5, 7, 3, 3], attrs={"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    "same-lower": dict(x=[5, 13, 11], w=[5, 7, 3, 3], attrs={"strides": [2, 2], "auto_pad": "SAME_LOWER"}),
+    "1d": dict(x=[5, 19], w=[5, 7, 3], attrs={"strides": [2], "pads": [2, 1]}),
+    "3d": dict(x=[3, 5, 7, 6], w=[3, 4, 3, 3, 2], attrs={"strides": [1, 2, 2], "pads": [1, 1, 0, 1, 0, 0]}),
+}
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("case", list(CONV_TRANSPOSE_CASES))
+def test_conv_transpose(case: str, bias: bool) -> None:
+    spec = CONV_TRANSPOSE_CASES[case]
+    w = weights(*spec["w"])
+    c_out = w.shape[1] * spec["attrs"].get("group", 1)
+    inits = [const("w", w)] + ([const("b", RNG.standard_normal(c_out).astype(np.float32))] if bias else [])
+    node = helper.make_node("ConvTranspose", ["x", "w"] + (["b"] if bias else []), ["y"], **spec["attrs"])
+    model = make_model([node], [info("x", ["N", *spec["x"]])], [info("y", None)], inits, opset=17)
+    check_import(model, f"ConvTranspose {case}")
+
+
+def test_conv_transpose_to_an_output_shape_needs_the_input_size() -> None:
+    node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="up", strides=[2, 2], output_shape=[26, 21])
+    model = make_model([node], [info("x", ["N", 5, "H", "W"])], [info("y", None)], [const("w", weights(5, 7, 3, 3))])
+    with pytest.raises(NotImplementedError, match=r"'up' \(ai.onnx::ConvTranspose, opset 17\): an output_shape"):
+        import_onnx(model)
 
 
 # -- BatchNormalization ----------------------------------------------------------------------------

@@ -124,6 +124,44 @@ def test_gather_nd_with_batch_dims_is_refused() -> None:
         import_onnx(model)
 
 
+SCATTER_INDICES = {
+    "rows": np.array([[4], [0], [-2]]),  # [3, 1]: whole [6, 5] slices of three rows, one counted from the end
+    "elements": np.array([[[0, 1, 2], [6, 5, 4]], [[-1, 0, 0], [3, -6, 1]]]),  # [2, 2, 3]: single elements
+}
+
+
+@pytest.mark.parametrize("kind", SCATTER_INDICES)
+def test_scatter_nd_writes_into_a_copy(kind: str) -> None:
+    """Unique constant indices (repeated ones leave the result undefined without a reduction) over a [7, 6, 5]
+    run-time tensor: the updates land where onnxruntime puts them, the rest is the data."""
+    indices = SCATTER_INDICES[kind]
+    updates = list(indices.shape[:-1]) + [6, 5][indices.shape[-1] - 1 :]
+    node = helper.make_node("ScatterND", ["x0", "i", "x1"], ["y0"])
+    inputs = [info("x0", [7, 6, 5]), info("x1", updates)]
+    model = make_model([node], inputs, [info("y0", None)], [const("i", indices)], opset=13)
+    module = check_import(model, f"ScatterND {kind}", batches=(1,))
+    assert torch.index_put in call_targets(module)
+    assert_survives_pickling(module, random_feeds(model, 1))
+
+
+def test_scatter_nd_adds_repeated_indices() -> None:
+    node = helper.make_node("ScatterND", ["x0", "i", "x1"], ["y0"], reduction="add")
+    model = make_model(
+        [node], [info("x0", [7, 6, 5]), info("x1", [4, 6, 5])], [info("y0", None)], [const("i", [[1], [1], [3], [-1]])],
+        opset=16,
+    )  # fmt: skip
+    check_import(model, "ScatterND add", batches=(1,))
+
+
+def test_scatter_nd_with_a_multiplying_reduction_is_refused() -> None:
+    node = helper.make_node("ScatterND", ["x0", "i", "x1"], ["y0"], name="snd", reduction="mul")
+    model = make_model(
+        [node], [info("x0", [7, 6, 5]), info("x1", [2, 6, 5])], [info("y0", None)], [const("i", [[1], [3]])], opset=16
+    )
+    with pytest.raises(NotImplementedError, match=r"'snd' \(ai.onnx::ScatterND, opset 16\): reduction='mul'"):
+        import_onnx(model)
+
+
 def test_shape_gather_as_output() -> None:
     """Shape -> Gather -> output: a run-time shape vector leaves the graph as an int64 tensor."""
     nodes = [
