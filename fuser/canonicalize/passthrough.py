@@ -161,22 +161,65 @@ def rule_flattened_linear(node: fx.Node, ctx: Context) -> bool:
     return True
 
 
+_BATCH_NORM_ARGS = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
+
+
+def _token_batch_norm_input(bn: Any, ctx: Context) -> fx.Node | None:
+    """The input of ``bn`` when it is a BatchNorm1d over features: an ``nn.BatchNorm1d`` call, or an eval-mode
+    ``F.batch_norm`` (what an ONNX import writes); else None."""
+    if not isinstance(bn, fx.Node) or len(bn.users) != 1:
+        return None
+    if bn.op == "call_module" and len(bn.args) == 1 and not bn.kwargs:
+        return bn.args[0] if type(ctx.modules.get(str(bn.target))) is nn.BatchNorm1d else None
+    if bn.op == "call_function" and bn.target is F.batch_norm:
+        args = bind(bn, _BATCH_NORM_ARGS, {"training": False})
+        return args["input"] if args.get("training") is False else None
+    return None
+
+
+def _is_token_flatten(node: Any) -> bool:
+    """``v.flatten(0, 1)`` or ``torch.flatten(v, 0, 1)``, read by one node."""
+    if not isinstance(node, fx.Node) or node.kwargs or len(node.users) != 1 or tuple(node.args[1:]) != (0, 1):
+        return False
+    return _is_method(node, ("flatten",)) or (node.op == "call_function" and node.target is torch.flatten)
+
+
+def _restores_shape_of(node: fx.Node, v: fx.Node, bn: fx.Node) -> list[fx.Node] | None:
+    """The ``v.size(d)`` reads of ``node`` when it gives ``bn`` the shape of the 3-D ``v`` back: ``bn.reshape_as(v)``
+    (timm's form, none), or ``torch.reshape(bn, (v.size(0), v.size(1), n))`` / ``bn.reshape(...)`` / ``bn.view(...)``
+    (an ONNX import's form, the two reads); else None."""
+    if _is_method(node, ("reshape_as",)) and node.args == (bn, v) and not node.kwargs:
+        return []
+    is_reshape = _is_method(node, ("reshape", "view")) or (node.op == "call_function" and node.target is torch.reshape)
+    if not is_reshape or node.kwargs or len(node.args) != 2 or node.args[0] is not bn:
+        return None
+    shape, meta = node.args[1], v.meta.get("tensor_meta")
+    if not isinstance(shape, (tuple, list)) or len(shape) != 3 or meta is None or len(meta.shape) != 3:
+        return None
+    if not (_is_size_of(shape[0], v, 0) and _is_size_of(shape[1], v, 1) and len(shape[0].users) == 1):
+        return None
+    if len(shape[1].users) != 1 or not (shape[2] in (-1, meta.shape[2]) or _is_size_of(shape[2], v, 2)):
+        return None
+    return [shape[0], shape[1]]
+
+
 def rule_batchnorm_over_flattened_tokens(node: fx.Node, ctx: Context) -> bool:
     """``bn(v.flatten(0, 1)).reshape_as(v)`` with ``v = linear(x)`` 3-D and ``bn`` a BatchNorm1d (timm LeViT's
-    LinearNorm) becomes ``bn(linear(x.flatten(0, 1))).reshape(x.shape[:-1] + (N,))``: the same values, the
-    flatten moved before the linear (it merges leading dimensions only), so the BN directly follows the
-    linear on a 2-D value and the matcher can fold it."""
-    if not _is_method(node, ("reshape_as",)) or len(node.args) != 2 or node.kwargs:
+    LinearNorm; from ONNX, a functional batch norm and a reshape to ``v``'s sizes) becomes
+    ``bn(linear(x.flatten(0, 1))).reshape(x.shape[:-1] + (N,))``: the same values, the flatten moved before the
+    linear (it merges leading dimensions only), so the BN directly follows the linear on a 2-D value and the
+    matcher can fold it."""
+    if node.op not in ("call_method", "call_function") or not node.args:
         return False
-    bn, v = node.args
-    if not (isinstance(bn, fx.Node) and bn.op == "call_module" and len(bn.args) == 1 and not bn.kwargs):
+    bn = node.args[0]
+    flat = _token_batch_norm_input(bn, ctx)
+    if not _is_token_flatten(flat):
         return False
-    if type(ctx.modules.get(str(bn.target))) is not nn.BatchNorm1d or len(bn.users) != 1:
+    v = flat.args[0]
+    if not (isinstance(v, fx.Node) and v.op == "call_function" and v.target is F.linear):
         return False
-    flat = bn.args[0]
-    if not _is_method(flat, ("flatten",)) or flat.kwargs or len(flat.users) != 1 or flat.args[1:] != (0, 1):
-        return False
-    if flat.args[0] is not v or not (v.op == "call_function" and v.target is F.linear) or set(v.users) != {flat, node}:
+    size_reads = _restores_shape_of(node, v, bn)
+    if size_reads is None or set(v.users) != {flat, *size_reads, *([node] if not size_reads else [])}:
         return False
     meta = v.meta.get("tensor_meta")
     weight = constant_tensor(ctx.gm, bind(v, ("input", "weight", "bias"), {"bias": None})["weight"])
@@ -187,7 +230,7 @@ def rule_batchnorm_over_flattened_tokens(node: fx.Node, ctx: Context) -> bool:
         flat_x = graph.call_method("flatten", (x, 0, 1))
     v.args = (flat_x, *v.args[1:])
     v.meta["tensor_meta"] = flat.meta.get("tensor_meta")
-    bn.args = (v,)
+    bn.replace_input_with(flat, v)
     graph.erase_node(flat)
     with graph.inserting_before(node):
         shape = graph.call_function(getattr, (x, "shape"))
@@ -197,6 +240,7 @@ def rule_batchnorm_over_flattened_tokens(node: fx.Node, ctx: Context) -> bool:
     out.meta = dict(node.meta)
     node.replace_all_uses_with(out)
     graph.erase_node(node)
+    _erase_dead(*size_reads)
     return True
 
 
@@ -223,7 +267,7 @@ RULES: list[Rule] = [
     Rule("flattened_linear", "linear(x.view(-1, K)).view(x.size()[:-1] + (N,)) -> linear(x)", rule_flattened_linear),
     Rule(
         "batchnorm_over_flattened_tokens",
-        "bn1d(linear(x).flatten(0, 1)).reshape_as(...) -> bn1d(linear(x.flatten(0, 1))).reshape(...)",
+        "bn1d(linear(x).flatten(0, 1)).reshape_as(linear(x)) -> bn1d(linear(x.flatten(0, 1))).reshape(...)",
         rule_batchnorm_over_flattened_tokens,
     ),
 ]

@@ -219,7 +219,10 @@ def flatten(ctx: NodeContext) -> Any:
         return ctx.call(torch.reshape, x, (-1, 1))
     if axis == 1:
         return ctx.call(torch.flatten, x, 1)
-    return ctx.call(torch.flatten, ctx.call(torch.flatten, x, 0, axis - 1), 1)
+    leading = ctx.call(torch.flatten, x, 0, axis - 1)
+    if rank is not None and axis == rank - 1:  # one trailing dim: already 2-D (LeViT's x.flatten(0, 1) stays one op)
+        return leading
+    return ctx.call(torch.flatten, leading, 1)
 
 
 @converter("Transpose", versions=(1, 13, 21, 23, 24, 25))

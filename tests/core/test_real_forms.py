@@ -583,6 +583,41 @@ def test_levit_linear_norm_folds_into_the_linear():
         assert_close(opt(x2), reference64(model, x2), "ieee")
 
 
+class LeViTLinearNormAsImported(nn.Module):
+    """LinearNorm as an ONNX import writes it: ``torch.flatten``, a functional batch norm, and a reshape to the
+    linear output's sizes, read from it (``size_twice``: the batch size also scales the output)."""
+
+    def __init__(self, size_twice: bool = False) -> None:
+        super().__init__()
+        self.inner, self.size_twice = LeViTLinearNorm(), size_twice
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bn = self.inner.bn
+        v = F.linear(x, self.inner.linear.weight)
+        y = F.batch_norm(torch.flatten(v, 0, 1), bn.running_mean, bn.running_var, bn.weight, bn.bias, False, 0.0, 1e-5)
+        batch = v.size(0)
+        out = torch.reshape(y, (batch, v.size(1), 21))
+        return out * batch if self.size_twice else out
+
+
+def test_levit_linear_norm_as_onnx_imports_it_folds_into_the_linear():
+    model = seeded(LeViTLinearNormAsImported())
+    opt = optimize_and_compare(model, torch.randn(3, 5, 19))
+    assert fused_ops(opt) == [["linear", "batch_norm"]], str(opt.fusion_report)
+    x2 = torch.randn(2, 9, 19)
+    with torch.no_grad():
+        assert_close(opt(x2), reference64(model, x2), "ieee")
+
+
+def test_a_size_read_used_again_keeps_the_flatten_and_the_batch_norm():
+    """The batch size read from the linear's output also scales the result: moving the flatten before the linear
+    would make that read the flattened size, so nothing moves and the BatchNorm is reported."""
+    model = seeded(LeViTLinearNormAsImported(size_twice=True))
+    opt = optimize_and_compare(model, torch.randn(3, 5, 19))
+    stays = [e for e in opt.fusion_report.rejected if "batch_norm" in e.ops]
+    assert len(stays) == 1 and "follows `flatten`" in stays[0].reason, str(opt.fusion_report)
+
+
 class FlattenBeforeBatchNorm(nn.Module):
     """A flattened linear output normalized and used again as it is: the BN stays, and is reported."""
 
