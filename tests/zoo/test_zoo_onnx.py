@@ -1,0 +1,129 @@
+"""The zoo's models as the ONNX files users bring: each exported by torch.onnx (the TorchScript exporter, opset 17,
+a dynamic batch, BatchNorms kept as nodes, as a training-mode export leaves them), optimized by fuser from the file,
+and checked per model:
+
+- onnxruntime: the optimized module matches onnxruntime running the file, at a batch size other than the
+  exported one (ieee);
+- chains: it fuses no fewer chains than optimizing the PyTorch model does;
+- batch_norms: its export back to ONNX runs no more BatchNormalization nodes than the PyTorch model's
+  optimization leaves unfolded;
+- export: that export, run in onnxruntime, gives the file's answers.
+
+Not here: the zoo's text models (tests/onnx/test_onnx_transformers.py exports them with both exporters and
+padded masks), and torchvision's detectors, whose NMS the zoo replaces by a Python function
+(tests/zoo/torchvision_shim.py) that torch.onnx cannot export.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from accuracy import TOLERANCE, rel_error
+from torch.utils._pytree import tree_flatten
+
+for _library in ("torchvision", "timm", "ultralytics", "transformers"):
+    pytest.importorskip(_library, reason=f"the zoo needs {_library}: `make test` installs it (Makefile, extra 'zoo')")
+
+from zoo_models import ZOO, ZooModel  # noqa: E402
+
+import fuser  # noqa: E402
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+    pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning"),
+]
+
+CHECKS = ["onnxruntime", "chains", "batch_norms", "export"]
+MODELS = [z for z in ZOO if not z.integer_input and not (z.source == "torchvision" and z.task == "detection")]
+
+# (model, check) -> the bug that makes it fail today. strict: when a fix lands, the test says so.
+KNOWN_FAILURES: dict[tuple[str, str], str] = {}
+
+
+def _ort(path: Path, x: torch.Tensor) -> list[torch.Tensor]:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return [torch.from_numpy(np.asarray(o)) for o in session.run(None, {session.get_inputs()[0].name: x.numpy()})]
+
+
+def _batch_norm_nodes(path: Path) -> int:
+    return sum(node.op_type == "BatchNormalization" for node in onnx.load(str(path)).graph.node)
+
+
+def _mismatch(got: list[torch.Tensor], expected: list[torch.Tensor], what: str) -> str | None:
+    if len(got) != len(expected):
+        return f"{what}: {len(got)} outputs, onnxruntime gives {len(expected)}"
+    for k, (a, b) in enumerate(zip(got, expected, strict=True)):
+        if a.shape != b.shape:
+            return f"{what}: output {k} has shape {tuple(a.shape)}, onnxruntime {tuple(b.shape)}"
+        error = rel_error(a, b) if b.dtype.is_floating_point else float(not torch.equal(a, b))
+        if error >= TOLERANCE["ieee"]:
+            return f"{what}: output {k} is {error:.1e} from onnxruntime"
+    return None
+
+
+@functools.cache
+def _evaluate(name: str, folder: Path) -> dict[str, str | None]:
+    """The checks of one model, on one thread (as tests/zoo/zoo_checks.py does, for the same reason)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _checks(name, folder)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _checks(name: str, folder: Path) -> dict[str, str | None]:
+    zoo: ZooModel = next(z for z in MODELS if z.name == name)
+    model, x = zoo.build(), zoo.example_input()
+    run = torch.randn((x.shape[0] + 1, *x.shape[1:]), generator=torch.Generator().manual_seed(3))  # another batch
+    path, back = folder / "model.onnx", folder / "model.opt.onnx"
+    torch.onnx.export(model, (x,), str(path), input_names=["x"], dynamic_axes={"x": {0: "N"}}, opset_version=17,
+                      dynamo=False, training=torch.onnx.TrainingMode.PRESERVE, do_constant_folding=False)  # fmt: skip
+    from_torch = fuser.explain(model, (x,))
+    optimized = fuser.optimize(str(path), (run,), precision="ieee")
+    with torch.no_grad():
+        got, _ = tree_flatten(optimized(run))
+    expected = _ort(path, run)
+    fuser.export_onnx(optimized, (run,), str(back))
+    left = sum(chain.pattern == "batch_norm" for chain in from_torch.rejected)
+    found = _batch_norm_nodes(back)
+    fused, fused_from_torch = len(optimized.fusion_report.fused), len(from_torch.fused)
+    return {
+        "onnxruntime": _mismatch(got, expected, "the optimized file"),
+        "chains": None if fused >= fused_from_torch else f"{fused} chains fused, {fused_from_torch} from PyTorch",
+        "batch_norms": None if found <= left else f"{found} BatchNormalization nodes, {left} left from PyTorch",
+        "export": _mismatch(_ort(back, run), expected, "the export of the optimized file"),
+    }
+
+
+def _cases() -> list[Any]:
+    cases = []
+    for zoo in MODELS:
+        for check in CHECKS:
+            reason = KNOWN_FAILURES.get((zoo.name, check))
+            marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+            cases.append(pytest.param(zoo.name, check, marks=marks, id=f"{zoo.name}-{check}"))
+    return cases
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("zoo_onnx")
+
+
+@pytest.mark.parametrize(("name", "check"), _cases())
+def test_zoo_from_onnx(name: str, check: str, folder: Path) -> None:
+    model_folder = folder / name.replace(" ", "_").replace("(", "").replace(")", "")
+    model_folder.mkdir(exist_ok=True)
+    failure = _evaluate(name, model_folder)[check]
+    assert failure is None, f"{name}: {check}: {failure}"
