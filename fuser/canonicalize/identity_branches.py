@@ -11,6 +11,9 @@ channel c's own input and zero elsewhere. So, with the branch's ``BN(y) = s * y 
 in float64, cast back. The identity BatchNorm and its add vanish; the branch stays a conv -> BN chain for
 the matcher, and its BN node names the folded module (``meta["folded_modules"]``) for the report. A
 branch BN with a zero scale cannot take the identity (``s_id / s``): it is left as it is.
+
+A branch whose BatchNorm is already folded into its conv (what torch.onnx's dynamo exporter writes, or a model
+fused by hand) takes the identity directly: ``conv(x, W, b) + BN_id(x) = conv(x, W + s_id at the centre, b + t_id)``.
 """
 
 from __future__ import annotations
@@ -112,6 +115,10 @@ def rule_identity_batch_norm_into_branch(node: fx.Node, ctx: Context) -> bool:
         root = next(iter(root.users))
     for leaf in _sum_leaves(root):
         alone = isinstance(leaf, fx.Node) and leaf is not node and len(leaf.users) == 1
+        w = _same_size_conv(leaf, x, channels, ctx) if alone else None
+        if w is not None and _constant_bias(leaf, ctx)[0]:
+            _fold_into_conv(ctx, node, identity, leaf, w)
+            return True
         branch = _eval_batch_norm(leaf, ctx) if alone else None
         if branch is None or branch["scale"].numel() != channels or not isinstance(branch["input"], fx.Node):
             continue
@@ -124,12 +131,43 @@ def rule_identity_batch_norm_into_branch(node: fx.Node, ctx: Context) -> bool:
     return False
 
 
+def _constant_bias(conv: fx.Node, ctx: Context) -> tuple[bool, torch.Tensor | None]:
+    """(whether the conv's bias is absent or a constant, that constant or None)."""
+    bias = bind(conv, CONV_ARGS, CONV_DEFAULTS).get("bias")
+    if bias is None:
+        return True, None
+    value = constant_tensor(ctx.gm, bias)
+    return value is not None, value
+
+
+def _with_identity_centre(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``w`` in float64 with ``scale[c]`` added at the centre tap of output channel c's own input channel."""
+    centre = w.detach().to(torch.float64)
+    c = torch.arange(w.shape[0], device=w.device)
+    centre[c, c % w.shape[1], w.shape[2] // 2, w.shape[3] // 2] += scale.to(w.device)
+    return centre
+
+
+def _fold_into_conv(ctx: Context, node: fx.Node, identity: dict, conv: fx.Node, w: torch.Tensor) -> None:
+    """BN_id(x) + conv(x, W, b) -> conv(x, W', b + t_id), W' with s_id at the centre tap: the form a branch takes
+    once its own BatchNorm is folded (an ONNX export's constant folding, a model fused by hand)."""
+    _, bias = _constant_bias(conv, ctx)
+    beta = identity["shift"] + (bias.detach().to(torch.float64) if bias is not None else 0.0)
+    new_w = _register(ctx, f"{conv.name}_weight_with_identity", _with_identity_centre(w, identity["scale"]).to(w.dtype))
+    new_b = _register(ctx, f"{conv.name}_bias_with_identity", beta.to(w.dtype if bias is None else bias.dtype))
+    old = [a for a in (*conv.args, *conv.kwargs.values()) if isinstance(a, fx.Node)]
+    conv_args = bind(conv, CONV_ARGS, CONV_DEFAULTS) | {
+        "weight": get_attr(ctx, conv, new_w),
+        "bias": get_attr(ctx, conv, new_b),
+    }
+    conv.args, conv.kwargs = tuple(conv_args[k] for k in CONV_ARGS), {}
+    _drop_identity(ctx, node, conv, old)
+
+
 def _fold(
     ctx: Context, node: fx.Node, identity: dict, leaf: fx.Node, branch: dict, conv: fx.Node, w: torch.Tensor
 ) -> None:
-    centre = w.detach().to(torch.float64)
-    c = torch.arange(w.shape[0], device=w.device)
-    centre[c, c % w.shape[1], w.shape[2] // 2, w.shape[3] // 2] += (identity["scale"] / branch["scale"]).to(w.device)
+    centre = _with_identity_centre(w, identity["scale"] / branch["scale"])
     bias = branch["bias"]
     beta = identity["shift"] + (bias.detach().to(torch.float64) if bias is not None else 0.0)
     new_w = _register(ctx, f"{conv.name}_weight_with_identity", centre.to(w.dtype))
@@ -139,8 +177,14 @@ def _fold(
     conv.args, conv.kwargs = tuple(conv_args[k] for k in CONV_ARGS), {}
     bn_args = bind(leaf, BN_ARGS, BN_DEFAULTS) | {"bias": get_attr(ctx, leaf, new_b)}
     leaf.args, leaf.kwargs = tuple(bn_args[k] for k in BN_ARGS), {}
-    leaf.meta["folded_modules"] = [
-        *leaf.meta.get("folded_modules", []),
+    _drop_identity(ctx, node, leaf, old)
+
+
+def _drop_identity(ctx: Context, node: fx.Node, keeper: fx.Node, old: list[fx.Node]) -> None:
+    """Remove the identity BatchNorm ``node`` and its add, now that ``keeper`` computes it; ``keeper`` names the
+    folded module for the report; ``old`` are the inputs the rewrite replaced, erased once dead."""
+    keeper.meta["folded_modules"] = [
+        *keeper.meta.get("folded_modules", []),
         str(node.meta.get("source_module") or node.name),
         *node.meta.get("folded_modules", []),
     ]
@@ -154,10 +198,11 @@ def _fold(
 
 
 RULES: list[Rule] = [
-    # add(BN_id(x), BN(conv(x, W))) -> BN'(conv(x, W')): W' takes BN_id's scale at its centre tap
+    # add(BN_id(x), BN(conv(x, W))) -> BN'(conv(x, W')), add(BN_id(x), conv(x, W, b)) -> conv(x, W', b'):
+    # W' takes BN_id's scale at its centre tap
     Rule(
         "identity_batch_norm",
-        "BatchNorm of a conv's input added to the conv's BN output -> folded into that conv and BN",
+        "BatchNorm of a conv's input added to the conv's (BN) output -> folded into that conv (and BN)",
         rule_identity_batch_norm_into_branch,
     ),
 ]

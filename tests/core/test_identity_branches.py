@@ -103,3 +103,45 @@ def test_branches_with_zero_batch_norm_scale_do_not_take_the_identity():
     report = optimize_and_compare(model, torch.randn(2, 13, 11, 9))
     assert "identity" not in folded(report)
     assert any("identity" in e.modules and e.reason for e in report.rejected), str(report)
+
+
+class FoldedRepVggBlock(nn.Module):
+    """A RepVGG or MobileOne block whose branch BatchNorms are already in their convs' weights and biases (what
+    torch.onnx's dynamo exporter writes): only the identity BatchNorm is left."""
+
+    def __init__(self, c: int = 13, groups: int = 1, dilation: int = 1) -> None:
+        super().__init__()
+        self.identity = nn.BatchNorm2d(c)
+        self.conv_kxk = nn.Conv2d(c, c, 3, padding=dilation, dilation=dilation, groups=groups)
+        self.conv_1x1 = nn.Conv2d(c, c, 1, groups=groups)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.conv_1x1(x) + self.conv_kxk(x) + self.identity(x))
+
+
+@pytest.mark.parametrize(
+    "model",
+    [FoldedRepVggBlock(), FoldedRepVggBlock(c=12, groups=4, dilation=2)],
+    ids=["repvgg", "grouped-dilated"],
+)
+def test_identity_batch_norm_folds_into_a_conv_whose_batch_norm_is_already_folded(model: nn.Module):
+    model = seeded(model)
+    report = optimize_and_compare(model, torch.randn(2, model.identity.num_features, 11, 9))
+    assert report.rules_fired.get("identity_batch_norm") == 1, str(report)
+    assert not report.rejected, str(report)
+    assert any("identity" in e.modules for e in report.fused), str(report)
+
+
+def test_an_identity_beside_a_conv_with_a_run_time_bias_stays():
+    """A bias computed at run time cannot absorb the identity's shift: the BatchNorm stays, and is reported."""
+
+    class RunTimeBias(FoldedRepVggBlock):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            conv = torch.nn.functional.conv2d(x, self.conv_kxk.weight, x.mean((0, 2, 3)), padding=1)
+            return self.act(conv + self.identity(x))
+
+    model = seeded(RunTimeBias())
+    report = optimize_and_compare(model, torch.randn(2, 13, 11, 9))
+    assert "identity_batch_norm" not in report.rules_fired
+    assert any("identity" in e.modules and e.reason for e in report.rejected), str(report)
