@@ -244,6 +244,34 @@ def rule_batchnorm_over_flattened_tokens(node: fx.Node, ctx: Context) -> bool:
     return True
 
 
+def rule_token_reshape_before_linear(node: fx.Node, ctx: Context) -> bool:
+    """``bn(linear(x).reshape(-1, N))`` -> ``bn(linear(x.reshape(-1, K)))``: merging the leading dimensions of a
+    linear's output merges them in its input, so the BatchNorm1d over features directly follows the linear and
+    folds into it. torch.onnx's dynamo exporter writes timm LeViT's LinearNorm this way (a MatMul, a Reshape to
+    ``(-1, N)``, the BatchNormalization, a Reshape to whatever comes next)."""
+    is_reshape = _is_method(node, ("reshape", "view")) or (node.op == "call_function" and node.target is torch.reshape)
+    if not is_reshape or node.kwargs or len(node.args) != 2 or len(node.users) != 1:
+        return False
+    v, shape = node.args
+    if not (isinstance(v, fx.Node) and v.op == "call_function" and v.target is F.linear and len(v.users) == 1):
+        return False
+    weight = constant_tensor(ctx.gm, bind(v, ("input", "weight", "bias"), {"bias": None})["weight"])
+    if weight is None or weight.dim() != 2 or not isinstance(v.args[0], fx.Node):
+        return False
+    if not isinstance(shape, (tuple, list)) or len(shape) != 2 or tuple(shape) != (-1, weight.shape[0]):
+        return False
+    if _token_batch_norm_input(next(iter(node.users)), ctx) is not node:
+        return False
+    with node.graph.inserting_before(v):
+        flat_x = node.graph.call_function(torch.reshape, (v.args[0], (-1, int(weight.shape[1]))))
+    v.args = (flat_x, *v.args[1:])
+    if "tensor_meta" in node.meta:
+        v.meta["tensor_meta"] = node.meta["tensor_meta"]
+    node.replace_all_uses_with(v)
+    node.graph.erase_node(node)
+    return True
+
+
 def _erase_dead(*nodes: Any) -> None:
     """Erase the given nodes, and what only they read, once nothing reads them."""
     pending, erased = [n for n in nodes if isinstance(n, fx.Node)], set()
@@ -269,5 +297,10 @@ RULES: list[Rule] = [
         "batchnorm_over_flattened_tokens",
         "bn1d(linear(x).flatten(0, 1)).reshape_as(linear(x)) -> bn1d(linear(x.flatten(0, 1))).reshape(...)",
         rule_batchnorm_over_flattened_tokens,
+    ),
+    Rule(
+        "token_reshape_before_linear",
+        "bn1d(linear(x).reshape(-1, N)) -> bn1d(linear(x.reshape(-1, K)))",
+        rule_token_reshape_before_linear,
     ),
 ]

@@ -618,6 +618,38 @@ def test_a_size_read_used_again_keeps_the_flatten_and_the_batch_norm():
     assert len(stays) == 1 and "follows `flatten`" in stays[0].reason, str(opt.fusion_report)
 
 
+class LeViTLinearNormAsDynamoExports(nn.Module):
+    """LinearNorm as torch.onnx's dynamo exporter writes it: a reshape to ``(-1, N)``, a functional batch norm, and
+    a reshape to the tokens (``reuse``: the linear's output is also added to the result)."""
+
+    def __init__(self, reuse: bool = False) -> None:
+        super().__init__()
+        self.inner, self.reuse = LeViTLinearNorm(), reuse
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bn = self.inner.bn
+        v = F.linear(x, self.inner.linear.weight)
+        y = F.batch_norm(torch.reshape(v, (-1, 21)), bn.running_mean, bn.running_var, bn.weight, bn.bias, False, 0.0)
+        out = torch.reshape(y, (-1, 5, 21))
+        return out + v if self.reuse else out
+
+
+def test_levit_linear_norm_as_the_dynamo_exporter_writes_it_folds_into_the_linear():
+    model = seeded(LeViTLinearNormAsDynamoExports())
+    opt = optimize_and_compare(model, torch.randn(3, 5, 19))
+    assert fused_ops(opt) == [["linear", "batch_norm"]], str(opt.fusion_report)
+    x2 = torch.randn(7, 5, 19)
+    with torch.no_grad():
+        assert_close(opt(x2), reference64(model, x2), "ieee")
+
+
+def test_a_linear_output_read_again_keeps_its_reshape_and_batch_norm():
+    model = seeded(LeViTLinearNormAsDynamoExports(reuse=True))
+    opt = optimize_and_compare(model, torch.randn(3, 5, 19))
+    stays = [e for e in opt.fusion_report.rejected if "batch_norm" in e.ops]
+    assert len(stays) == 1 and "reshape" in stays[0].reason, str(opt.fusion_report)
+
+
 class FlattenBeforeBatchNorm(nn.Module):
     """A flattened linear output normalized and used again as it is: the BN stays, and is reported."""
 
