@@ -1,6 +1,8 @@
-"""The zoo's models as the ONNX files users bring: each exported by torch.onnx (the TorchScript exporter, opset 17,
-a dynamic batch, BatchNorms kept as nodes, as a training-mode export leaves them), optimized by fuser from the file,
-and checked per model:
+"""The zoo's models as the ONNX files users bring, exported by torch.onnx both ways: the TorchScript exporter
+(opset 17, BatchNorms kept as nodes, as a training-mode export leaves them) and the dynamo exporter, torch's default
+(its default opset; it folds what it can itself and writes other forms: LeViT's reshapes, RepVGG's identity
+BatchNorms beside folded convs). A dynamic batch, exported at batch 2 (the dynamo exporter fixes a batch of 1).
+Each file is optimized by fuser and checked per model:
 
 - onnxruntime: the optimized module matches onnxruntime running the file, at a batch size other than the
   exported one (ieee);
@@ -44,10 +46,11 @@ pytestmark = [
 ]
 
 CHECKS = ["onnxruntime", "chains", "batch_norms", "export"]
+EXPORTERS = ["torchscript", "dynamo"]
 MODELS = [z for z in ZOO if not z.integer_input and not (z.source == "torchvision" and z.task == "detection")]
 
-# (model, check) -> the bug that makes it fail today. strict: when a fix lands, the test says so.
-KNOWN_FAILURES: dict[tuple[str, str], str] = {}
+# (model, exporter, check) -> the bug that makes it fail today. strict: when a fix lands, the test says so.
+KNOWN_FAILURES: dict[tuple[str, str, str], str] = {}
 
 
 def _ort(path: Path, x: torch.Tensor) -> list[torch.Tensor]:
@@ -72,24 +75,33 @@ def _mismatch(got: list[torch.Tensor], expected: list[torch.Tensor], what: str) 
 
 
 @functools.cache
-def _evaluate(name: str, folder: Path) -> dict[str, str | None]:
+def _evaluate(name: str, exporter: str, folder: Path) -> dict[str, str | None]:
     """The checks of one model, on one thread (as tests/zoo/zoo_checks.py does, for the same reason)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _checks(name, folder)
+        return _checks(name, exporter, folder)
     finally:
         torch.set_num_threads(threads)
 
 
-def _checks(name: str, folder: Path) -> dict[str, str | None]:
+def _export(model: torch.nn.Module, x: torch.Tensor, path: Path, exporter: str) -> None:
+    common = {"input_names": ["x"], "dynamic_axes": {"x": {0: "N"}}}
+    if exporter == "dynamo":
+        torch.onnx.export(model, (x,), str(path), dynamo=True, verbose=False, **common)
+    else:
+        torch.onnx.export(model, (x,), str(path), opset_version=17, dynamo=False, do_constant_folding=False,
+                          training=torch.onnx.TrainingMode.PRESERVE, **common)  # fmt: skip
+
+
+def _checks(name: str, exporter: str, folder: Path) -> dict[str, str | None]:
     zoo: ZooModel = next(z for z in MODELS if z.name == name)
     model, x = zoo.build(), zoo.example_input()
+    x = torch.cat([x, 0.5 * x + 0.1]) if x.shape[0] == 1 else x
     run = torch.randn((x.shape[0] + 1, *x.shape[1:]), generator=torch.Generator().manual_seed(3))  # another batch
     path, back = folder / "model.onnx", folder / "model.opt.onnx"
-    torch.onnx.export(model, (x,), str(path), input_names=["x"], dynamic_axes={"x": {0: "N"}}, opset_version=17,
-                      dynamo=False, training=torch.onnx.TrainingMode.PRESERVE, do_constant_folding=False)  # fmt: skip
-    from_torch = fuser.explain(model, (x,))
+    from_torch = fuser.explain(model, (x,))  # first: an export can leave fake tensors in the model's caches
+    _export(model, x, path, exporter)
     optimized = fuser.optimize(str(path), (run,), precision="ieee")
     with torch.no_grad():
         got, _ = tree_flatten(optimized(run))
@@ -109,10 +121,11 @@ def _checks(name: str, folder: Path) -> dict[str, str | None]:
 def _cases() -> list[Any]:
     cases = []
     for zoo in MODELS:
-        for check in CHECKS:
-            reason = KNOWN_FAILURES.get((zoo.name, check))
-            marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-            cases.append(pytest.param(zoo.name, check, marks=marks, id=f"{zoo.name}-{check}"))
+        for exporter in EXPORTERS:
+            for check in CHECKS:
+                reason = KNOWN_FAILURES.get((zoo.name, exporter, check))
+                marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+                cases.append(pytest.param(zoo.name, exporter, check, marks=marks, id=f"{zoo.name}-{exporter}-{check}"))
     return cases
 
 
@@ -121,9 +134,9 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("zoo_onnx")
 
 
-@pytest.mark.parametrize(("name", "check"), _cases())
-def test_zoo_from_onnx(name: str, check: str, folder: Path) -> None:
-    model_folder = folder / name.replace(" ", "_").replace("(", "").replace(")", "")
+@pytest.mark.parametrize(("name", "exporter", "check"), _cases())
+def test_zoo_from_onnx(name: str, exporter: str, check: str, folder: Path) -> None:
+    model_folder = folder / f"{name}-{exporter}".replace(" ", "_").replace("(", "").replace(")", "")
     model_folder.mkdir(exist_ok=True)
-    failure = _evaluate(name, model_folder)[check]
-    assert failure is None, f"{name}: {check}: {failure}"
+    failure = _evaluate(name, exporter, model_folder)[check]
+    assert failure is None, f"{name} ({exporter} export): {check}: {failure}"
