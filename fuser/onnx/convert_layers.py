@@ -75,16 +75,21 @@ def _spatial_rank(ctx: NodeContext, i: int, what: str) -> int:
     return rank - 2
 
 
-@converter("Conv", versions=(1, 11, 22))
-def conv(ctx: NodeContext) -> Any:
-    x, w, b = ctx.input(0), ctx.input(1), ctx.optional_input(2)
-    n = _spatial_rank(ctx, 1, "Conv")
+def _conv_window(ctx: NodeContext, what: str) -> tuple[int, list[int], list[int], list[int]]:
+    """(spatial rank, kernel, strides, dilations) of a Conv or ConvTranspose node, the kernel from the attribute
+    or else the weight's static shape."""
+    n = _spatial_rank(ctx, 1, ctx.node.op_type)
     weight_shape = ctx.static_shape(1)
     kernel = list(ctx.attr("kernel_shape", weight_shape[2:] if weight_shape else []))
     if len(kernel) != n or any(k is None for k in kernel):
-        raise ctx.unsupported("a convolution whose kernel size is not known at import time")
-    strides = list(ctx.attr("strides", [1] * n))
-    dilations = list(ctx.attr("dilations", [1] * n))
+        raise ctx.unsupported(f"a {what} whose kernel size is not known at import time")
+    return n, kernel, list(ctx.attr("strides", [1] * n)), list(ctx.attr("dilations", [1] * n))
+
+
+@converter("Conv", versions=(1, 11, 22))
+def conv(ctx: NodeContext) -> Any:
+    x, w, b = ctx.input(0), ctx.input(1), ctx.optional_input(2)
+    n, kernel, strides, dilations = _conv_window(ctx, "convolution")
     pads = _window_pads(ctx, kernel, strides, dilations)
     begins, ends = pads[:n], pads[n:]
     if begins == ends:
@@ -138,13 +143,7 @@ def conv_transpose(ctx: NodeContext) -> Any:
     ``padding`` crops both sides alike). Not fused: it runs as torch runs it; ultralytics' segmentation heads
     upsample their mask prototypes with one."""
     x, w, b = ctx.input(0), ctx.input(1), ctx.optional_input(2)
-    n = _spatial_rank(ctx, 1, "ConvTranspose")
-    weight_shape = ctx.static_shape(1)
-    kernel = list(ctx.attr("kernel_shape", weight_shape[2:] if weight_shape else []))
-    if len(kernel) != n or any(k is None for k in kernel):
-        raise ctx.unsupported("a transposed convolution whose kernel size is not known at import time")
-    strides = list(ctx.attr("strides", [1] * n))
-    dilations = list(ctx.attr("dilations", [1] * n))
+    n, kernel, strides, dilations = _conv_window(ctx, "transposed convolution")
     output_padding = list(ctx.attr("output_padding", [0] * n))
     pads = _transpose_pads(ctx, n, kernel, strides, dilations, output_padding)
     begins, ends = pads[:n], pads[n:]

@@ -71,13 +71,18 @@ def gather_nd(ctx: NodeContext) -> Any:
     ``data``, and torch's advanced indexing gives ONNX's output shape and reads negative indices alike."""
     if int(ctx.attr("batch_dims", 0)) != 0:
         raise ctx.unsupported(f"batch_dims={ctx.attr('batch_dims')}")
+    return ctx.call(operator.getitem, ctx.input(0), _nd_indices(ctx))
+
+
+def _nd_indices(ctx: NodeContext) -> Any:
+    """GatherND's / ScatterND's input 1 as a tuple of int64 index tensors, one per leading dim of the data."""
     depth = (ctx.static_shape(1) or [None])[-1]
     if depth == 0:
         raise ctx.unsupported("indices whose last dim is 0")
     index = ctx.input(1)
     if ctx.dtype(1) != torch.int64:
         index = ctx.method("long", index)
-    return ctx.call(operator.getitem, ctx.input(0), ctx.call(torch.unbind, index, -1))
+    return ctx.call(torch.unbind, index, -1)
 
 
 @converter("ScatterND", versions=(11, 13, 16, 18))
@@ -88,14 +93,7 @@ def scatter_nd(ctx: NodeContext) -> Any:
     reduction = ctx.attr("reduction", "none")
     if reduction not in ("none", "add"):
         raise ctx.unsupported(f"reduction={reduction!r} (none and add are converted)")
-    depth = (ctx.static_shape(1) or [None])[-1]
-    if depth == 0:
-        raise ctx.unsupported("indices whose last dim is 0")
-    index = ctx.input(1)
-    if ctx.dtype(1) != torch.int64:
-        index = ctx.method("long", index)
-    indices = ctx.call(torch.unbind, index, -1)
-    return ctx.call(torch.index_put, ctx.input(0), indices, ctx.input(2), accumulate=reduction == "add")
+    return ctx.call(torch.index_put, ctx.input(0), _nd_indices(ctx), ctx.input(2), accumulate=reduction == "add")
 
 
 @converter("Concat", versions=(4, 11, 13))
