@@ -187,7 +187,8 @@ def _is_token_flatten(node: Any) -> bool:
 def _restores_shape_of(node: fx.Node, v: fx.Node, bn: fx.Node) -> list[fx.Node] | None:
     """The ``v.size(d)`` reads of ``node`` when it gives ``bn`` the shape of the 3-D ``v`` back: ``bn.reshape_as(v)``
     (timm's form, none), or ``torch.reshape(bn, (v.size(0), v.size(1), n))`` / ``bn.reshape(...)`` / ``bn.view(...)``
-    (an ONNX import's form, the two reads); else None."""
+    with ``n`` the features, -1 or ``v.size(2)`` (an ONNX import's form, the reads, each read by nothing else);
+    else None."""
     if _is_method(node, ("reshape_as",)) and node.args == (bn, v) and not node.kwargs:
         return []
     is_reshape = _is_method(node, ("reshape", "view")) or (node.op == "call_function" and node.target is torch.reshape)
@@ -196,11 +197,12 @@ def _restores_shape_of(node: fx.Node, v: fx.Node, bn: fx.Node) -> list[fx.Node] 
     shape, meta = node.args[1], v.meta.get("tensor_meta")
     if not isinstance(shape, (tuple, list)) or len(shape) != 3 or meta is None or len(meta.shape) != 3:
         return None
-    if not (_is_size_of(shape[0], v, 0) and _is_size_of(shape[1], v, 1) and len(shape[0].users) == 1):
+    if not (_is_size_of(shape[0], v, 0) and _is_size_of(shape[1], v, 1)):
         return None
-    if len(shape[1].users) != 1 or not (shape[2] in (-1, meta.shape[2]) or _is_size_of(shape[2], v, 2)):
+    reads = [shape[0], shape[1]] + ([shape[2]] if _is_size_of(shape[2], v, 2) else [])
+    if any(len(read.users) != 1 for read in reads) or not (len(reads) == 3 or shape[2] in (-1, meta.shape[2])):
         return None
-    return [shape[0], shape[1]]
+    return reads
 
 
 def rule_batchnorm_over_flattened_tokens(node: fx.Node, ctx: Context) -> bool:

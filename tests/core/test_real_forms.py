@@ -587,21 +587,22 @@ class LeViTLinearNormAsImported(nn.Module):
     """LinearNorm as an ONNX import writes it: ``torch.flatten``, a functional batch norm, and a reshape to the
     linear output's sizes, read from it (``size_twice``: the batch size also scales the output)."""
 
-    def __init__(self, size_twice: bool = False) -> None:
+    def __init__(self, size_twice: bool = False, last_read: bool = False) -> None:
         super().__init__()
-        self.inner, self.size_twice = LeViTLinearNorm(), size_twice
+        self.inner, self.size_twice, self.last_read = LeViTLinearNorm(), size_twice, last_read
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bn = self.inner.bn
         v = F.linear(x, self.inner.linear.weight)
         y = F.batch_norm(torch.flatten(v, 0, 1), bn.running_mean, bn.running_var, bn.weight, bn.bias, False, 0.0, 1e-5)
         batch = v.size(0)
-        out = torch.reshape(y, (batch, v.size(1), 21))
+        out = torch.reshape(y, (batch, v.size(1), v.size(2) if self.last_read else 21))
         return out * batch if self.size_twice else out
 
 
-def test_levit_linear_norm_as_onnx_imports_it_folds_into_the_linear():
-    model = seeded(LeViTLinearNormAsImported())
+@pytest.mark.parametrize("last_read", [False, True], ids=["features", "size-read"])
+def test_levit_linear_norm_as_onnx_imports_it_folds_into_the_linear(last_read: bool):
+    model = seeded(LeViTLinearNormAsImported(last_read=last_read))
     opt = optimize_and_compare(model, torch.randn(3, 5, 19))
     assert fused_ops(opt) == [["linear", "batch_norm"]], str(opt.fusion_report)
     x2 = torch.randn(2, 9, 19)
