@@ -52,11 +52,6 @@ def _call_ms(fn: Callable[[], Any], device: torch.device) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def median_ms(fn: Callable[[], Any], device: torch.device, repeats: int = 20, warmup: int = 3) -> float:
-    """Median wall time of ``fn()`` in milliseconds (CUDA events on the GPU, perf_counter on the CPU)."""
-    return statistics.median(interleaved_ms({"fn": fn}, device, repeats, warmup)["fn"])
-
-
 def interleaved_ms(
     fns: dict[str, Callable[[], Any]], device: torch.device, repeats: int = 20, warmup: int = 3
 ) -> dict[str, list[float]]:
