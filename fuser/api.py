@@ -191,6 +191,30 @@ def explain(
     return report
 
 
+def _traced_leftovers(model: nn.Module) -> list[str]:
+    """The module attributes (and their list, tuple or dict entries) holding fake or functional tensors: what
+    tracing leaves in a model that caches tensors in its forward (ultralytics' Detect head keeps its anchors),
+    and what then makes it impossible to copy."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    def entries(key: str, value: Any) -> list[tuple[str, Any]]:
+        if isinstance(value, dict):
+            return [(f"{key}[{k!r}]", v) for k, v in value.items()]
+        if isinstance(value, (list, tuple)):
+            return [(f"{key}[{i}]", v) for i, v in enumerate(value)]
+        return [(key, value)]
+
+    found = []
+    for prefix, module in model.named_modules():
+        values = {**module._parameters, **module._buffers, **{k: v for k, v in vars(module).items() if k[0] != "_"}}
+        for key, value in values.items():
+            for name, entry in entries(key, value):
+                if isinstance(entry, (FakeTensor, FunctionalTensor)):
+                    found.append(f"{prefix}.{name}" if prefix else name)
+    return found
+
+
 def _working_copy(model: Any, inplace: bool) -> nn.Module:
     if isinstance(model, nn.Module):
         if inplace:
@@ -198,9 +222,16 @@ def _working_copy(model: Any, inplace: bool) -> nn.Module:
         try:
             return copy.deepcopy(model)
         except Exception as error:
+            traced = _traced_leftovers(model)
+            cause = (
+                f"{', '.join(f'`{name}`' for name in traced[:4])} hold fake tensors that tracing (torch.export, "
+                "torch.onnx.export(dynamo=True), torch.compile) left in the model: build or load it again, or "
+                "optimize it before exporting it"
+                if traced
+                else "pass inplace=True to optimize the model itself"
+            )
             raise TypeError(
-                f"cannot copy the {type(model).__name__} to optimize it ({type(error).__name__}: {error}); "
-                "pass inplace=True to optimize the model itself"
+                f"cannot copy the {type(model).__name__} to optimize it ({type(error).__name__}: {error}); {cause}"
             ) from error
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)

@@ -206,6 +206,22 @@ def test_user_model_copy_failure_is_explained():
         fuser.optimize(Uncopyable())
 
 
+def test_a_copy_that_fails_on_fake_tensors_left_by_tracing_names_them():
+    """ultralytics' Detect head caches its anchors in its forward; after torch.onnx.export(dynamo=True) they are
+    fake tensors and the model cannot be copied. The error names them and says what to do."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class Head(nn.Module):
+        def __deepcopy__(self, memo):
+            raise RuntimeError("Cannot access data pointer of Tensor (e.g. FakeTensor, FunctionalTensor)")
+
+    model = nn.Sequential(nn.Conv2d(3, 5, 3), Head())
+    with FakeTensorMode():
+        model[1].anchors, model[1].cache = torch.ones(2, 7), [torch.ones(3)]
+    with pytest.raises(TypeError, match=r"`1\.anchors`, `1\.cache\[0\]` hold fake tensors .* build or load it again"):
+        fuser.optimize(model)
+
+
 def test_optimizing_twice_gives_the_same_result():
     model = seeded(ConvBnActAdd(5))
     x = torch.randn(2, 5, 7, 7)
