@@ -228,12 +228,7 @@ def rule_batchnorm_over_flattened_tokens(node: fx.Node, ctx: Context) -> bool:
     if meta is None or len(meta.shape) != 3 or weight is None or not isinstance(v.args[0], fx.Node):
         return False
     graph, x = node.graph, v.args[0]
-    with graph.inserting_before(v):
-        flat_x = graph.call_method("flatten", (x, 0, 1))
-    v.args = (flat_x, *v.args[1:])
-    v.meta["tensor_meta"] = flat.meta.get("tensor_meta")
-    bn.replace_input_with(flat, v)
-    graph.erase_node(flat)
+    _merge_before_linear(flat, v)
     with graph.inserting_before(node):
         shape = graph.call_function(getattr, (x, "shape"))
         lead = graph.call_function(operator.getitem, (shape, slice(None, -1, None)))
@@ -264,14 +259,21 @@ def rule_token_reshape_before_linear(node: fx.Node, ctx: Context) -> bool:
         return False
     if _token_batch_norm_input(next(iter(node.users)), ctx) is not node:
         return False
-    with node.graph.inserting_before(v):
-        flat_x = node.graph.call_function(torch.reshape, (v.args[0], (-1, int(weight.shape[1]))))
-    v.args = (flat_x, *v.args[1:])
-    if "tensor_meta" in node.meta:
-        v.meta["tensor_meta"] = node.meta["tensor_meta"]
-    node.replace_all_uses_with(v)
-    node.graph.erase_node(node)
+    _merge_before_linear(node, v)
     return True
+
+
+def _merge_before_linear(merge: fx.Node, v: fx.Node) -> None:
+    """Replace ``merge``, the linear ``v``'s output with its leading dimensions merged into one, by ``v`` computed
+    from its input merged the same way (``torch.flatten(x, 0, -2)``): a linear maps the last dimension only."""
+    with v.graph.inserting_before(v):
+        flat_x = v.graph.call_function(torch.flatten, (v.args[0], 0, -2))
+    v.args = (flat_x, *v.args[1:])
+    v.meta.pop("tensor_meta", None)  # v's shape is now merge's: known where merge's is, else not at all
+    if "tensor_meta" in merge.meta:
+        v.meta["tensor_meta"] = merge.meta["tensor_meta"]
+    merge.replace_all_uses_with(v)
+    v.graph.erase_node(merge)
 
 
 def _erase_dead(*nodes: Any) -> None:
