@@ -1,10 +1,10 @@
 """Tiles and reduction orders of single conv layers on the GPU, against cuDNN, each configuration checked
 against float64: the layers the whole-model timelines named as the slowest for their bytes.
 
-    python -m benchmarks.conv_tile_sweep --out DIR [--budget-s 200] [--only stem,narrow,late]
+    python -m benchmarks.conv_tile_sweep --out DIR [--budget-s 200] [--only stem,narrow,late,rgb] [--layers NAME,...]
         [--regimes 32:float16,1:float32,32:float32]
 
-Three groups of layers (the first two from benchmarks/kernel_timeline.py, H200, untuned, batch 32 fp16):
+Four groups of layers (the first two from benchmarks/kernel_timeline.py, H200, untuned, batch 32 fp16):
 
 - ``stem``: ResNet-50's 7x7 stride-2 conv on 3 channels took 0.30 ms (about 20% of the forward) in the flat-K
   order whatever the tile. Each layer runs in the flat-K order and in the filter-row order
@@ -15,9 +15,13 @@ Three groups of layers (the first two from benchmarks/kernel_timeline.py, H200, 
   the squeeze-excitation channel scale as the operand prologue where the model has it.
 - ``late``: the batch-32 3x3 rows of the layer benchmark slower than cuDNN (results/layers-2026-12-03b.json):
   YOLO's 256->256 @20 and ResNet's 512->512 @7 (a long K over a grid of 52-200 tiles of 128x128, so a wave of
-  132 SMs is partly idle) and 64->128 stride 2 @160, and YOLO's 64->64 @80 (3x its floor on box tiles). Each
-  runs over its candidates plus split-K variants of the larger tiles, a 64-wide TF32 K step, and box tiles on
-  the stride-2 layer.
+  132 SMs is partly idle) and 64->128 stride 2 @160, and YOLO's 64->64 @80 (3x its floor on box tiles); and
+  ResNet-50's stride-1 3x3 convs at 28x28 and 14x14, where tuning chose shifted taps that the shipped table does
+  not rank (results/gpu-models-2026-12-03g-tuned.json: the table's runs measured only the stride-2 conv of the
+  same GEMM shape). Each runs over its candidates plus split-K variants of the larger tiles, a 64-wide TF32 K step,
+  256-row tiles at 64 channels, and box tiles on the stride-2 layer.
+- ``rgb``: YOLOv8n's RGB stem (3->16 stride 2 @640) through the direct kernel on larger and smaller programs,
+  and through the implicit GEMM in both reduction orders (results/conv-tile-sweep-2026-12-03f.json).
 
 Timings replay a CUDA graph (fuser.kernels.autotune.do_bench_ms); ``cudnn_ms`` is what torch.compile runs
 for such a block: cuDNN's conv on the folded weights (channels_last), then the activation. Writes
@@ -56,6 +60,11 @@ LAYERS: dict[str, list[tuple[str, int, int, int, int, int, int, bool, str]]] = {
         ("resnet50.layer4.3x3@7", 512, 512, 3, 1, 1, 7, False, "relu"),
         ("yolov8.64->128s2@160", 64, 128, 3, 2, 1, 160, False, "silu"),
         ("yolov8.64x3x3@80", 64, 64, 3, 1, 1, 80, False, "silu"),
+        ("resnet50.layer2.3x3@28", 128, 128, 3, 1, 1, 28, False, "relu"),
+        ("resnet50.layer3.3x3@14", 256, 256, 3, 1, 1, 14, False, "relu"),
+    ],
+    "rgb": [
+        ("yolov8.stem", 3, 16, 3, 2, 1, 640, False, "silu"),
     ],
 }
 REGIMES = {"32:float16": (32, "float16", "fp16"), "1:float32": (1, "float32", "tf32"),
@@ -67,6 +76,8 @@ def extra_tiles(c_in: int, c_out: int, k: int = 1, stride: int = 1, elem: int = 
     For 3x3 convs, :func:`long_k_tiles`."""
     from fuser.kernels.autotune import TileConfig
 
+    if k == 3 and c_in < 16:  # the RGB stem through the implicit GEMM: narrow tiles, K in one or two steps
+        return [TileConfig(bm, 16, bk, 8, w, s) for bm in (128, 256) for bk in (16, 32) for w, s in ((4, 2), (8, 3))]
     if k == 3:
         return long_k_tiles(c_in, c_out, stride, elem)
     if c_in > 64:
@@ -77,6 +88,15 @@ def extra_tiles(c_in: int, c_out: int, k: int = 1, stride: int = 1, elem: int = 
     if bn > 32:
         shapes += [(256, bn // 2, 4, 2), (128, bn // 2, 4, 2)]
     return [TileConfig(bm, n, bk, 8, warps, stages) for bm, n, warps, stages in shapes]
+
+
+def direct_tiles(c_out: int) -> list[Any]:
+    """The direct kernel (the RGB stem) on larger and smaller programs than its candidates: 64-1024 rows,
+    2-8 warps."""
+    from fuser.kernels.autotune import TileConfig
+
+    bn = min(64, max(16, 1 << (c_out - 1).bit_length()))
+    return [TileConfig(bm, bn, 1, 1, w, 1) for bm, w in ((512, 4), (512, 8), (1024, 8), (128, 2), (256, 2), (64, 2))]
 
 
 def long_k_tiles(c_in: int, c_out: int, stride: int, elem: int) -> list[Any]:
@@ -99,6 +119,9 @@ def long_k_tiles(c_in: int, c_out: int, stride: int, elem: int) -> list[Any]:
                 [(128, 128, 8, 4, 1), (128, 128, 8, 3, 1), (128, 128, 8, 4, 2), (64, 128, 4, 4, 1),
                  (64, 128, 4, 4, 2), (128, 64, 4, 4, 1), (64, 256, 8, 3, 1), (64, 256, 8, 3, 2),
                  (128, 256, 8, 3, 1), (128, 256, 8, 3, 2)]]  # fmt: skip
+    if stride == 1 and c_in <= 64:  # 256-row tiles: half the weight reads per output of a 64-wide tile
+        out += [TileConfig(256, min(64, bn_cap), bk, 8, 8, s, 1, box, tap_shift=shift)
+                for s in (3, 4) for box, shift in ((16, 0), (0, 0), (0, 1))]  # fmt: skip
     if stride == 2:
         out += [TileConfig(bm, min(bn, bn_cap), bk, 8, w, s, 1, 16) for bm, bn, w, s in
                 [(64, 128, 4, 4), (128, 128, 8, 3), (128, 64, 4, 4), (64, 128, 4, 3), (128, 128, 4, 4)]]  # fmt: skip
@@ -131,17 +154,34 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
     bias32 = b64.float().cuda()
     oh = (size + 2 * pad - k) // stride + 1
     out = torch.empty(batch, c_out, oh, oh, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
-    shipped_min = conv_choice.ROW_RUN_MIN
-    orders = {"rows": shipped_min, "flat": 10**9} if name in {n for n, *_ in LAYERS["stem"]} else {"": shipped_min}
+    shipped = (conv_choice.ROW_RUN_MIN, conv_choice.MAX_DIRECT_TAPS)
+    if name in {n for n, *_ in LAYERS["stem"]}:
+        orders = {"rows": (shipped[0], shipped[1]), "flat": (10**9, shipped[1])}
+    elif name in {n for n, *_ in LAYERS["rgb"]}:  # the direct kernel, and the implicit GEMM in both orders
+        orders = {"": shipped, "rows": (shipped[0], 0), "flat": (10**9, 0)}
+    else:
+        orders = {"": shipped}
 
-    def plan(tile: Any, row_min: int) -> Any:
-        conv_choice.ROW_RUN_MIN = row_min
+    def routed(order: tuple[int, int]) -> Any:
+        """Route the conv as ``order`` says (the filter-row order's minimum run, the direct kernel's tap limit)
+        while ``make`` runs."""
+
+        def run(make: Any) -> Any:
+            conv_choice.ROW_RUN_MIN, conv_choice.MAX_DIRECT_TAPS = order
+            try:
+                return make()
+            finally:
+                conv_choice.ROW_RUN_MIN, conv_choice.MAX_DIRECT_TAPS = shipped
+
+        return run
+
+    def plan(tile: Any, order: tuple[int, int]) -> Any:
         conv._plans._plans.clear()  # plans are keyed by the call, not by the reduction order
-        try:
-            return conv.conv2d_act_plan(x, packed, bias32, stride=stride, padding=pad, epilogue=epilogue, out=out,
-                                        tile=tile, input_scale=scale)  # fmt: skip
-        finally:
-            conv_choice.ROW_RUN_MIN = shipped_min
+        return routed(order)(
+            lambda: conv.conv2d_act_plan(
+                x, packed, bias32, stride=stride, padding=pad, epilogue=epilogue, out=out, tile=tile, input_scale=scale
+            )
+        )
 
     def timed(run: Any) -> dict[str, Any]:
         out.fill_(float("nan"))
@@ -151,20 +191,18 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
 
     call = lambda p: lambda: p(x, packed.data, bias32, None, out, scale)
     chosen_before = set(autotune._memory)  # the default's choice is the one entry its plan adds
-    row["default"] = timed(call(plan(None, shipped_min)))
+    row["default"] = timed(call(plan(None, shipped)))
     if k > 1 and stride == 1 and 2 * pad == k - 1:  # what a shifted-tap launch spends copying into the bordered buffer
         row["bordered_copy_ms"] = do_bench_ms(lambda: bordered_copy(x, pad, pad))
     added = [choice.config for key, choice in autotune._memory.items() if key not in chosen_before]
     row["default"]["config"] = asdict(added[-1]) if added else None
     configs: dict[str, Any] = {}
     x_shape = (batch, c_in, size, size)
-    for order, row_min in orders.items():
-        conv_choice.ROW_RUN_MIN = row_min
-        try:
-            candidates = conv.conv2d_tile_candidates(x_shape, packed, stride, (pad,) * 4)
-        finally:
-            conv_choice.ROW_RUN_MIN = shipped_min
-        for tile in dict.fromkeys([*candidates, *extra_tiles(c_in, c_out, k, stride, x.element_size())]):
+    for order, routing in orders.items():
+        candidates = routed(routing)(lambda: conv.conv2d_tile_candidates(x_shape, packed, stride, (pad,) * 4))
+        direct = routing[1] > 0 and conv_choice.conv_kernel(c_in, c_out, 1, (k, k)) == conv_choice.ConvKernel.DIRECT
+        extras = direct_tiles(c_out) if direct else extra_tiles(c_in, c_out, k, stride, x.element_size())
+        for tile in dict.fromkeys([*candidates, *extras]):
             label = f"{order}{'-' if order else ''}{tile.block_m}x{tile.block_n}x{tile.block_k}w{tile.num_warps}" + (
                 f"s{tile.num_stages}"
                 + (f"k{tile.split_k}" if tile.split_k > 1 else "")
@@ -173,7 +211,7 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
                 + ("t" if tile.tap_shift else "")
             )
             try:
-                configs[label] = timed(call(plan(tile, row_min)))
+                configs[label] = timed(call(plan(tile, routing)))
             except Exception as error:  # a tile that does not compile or fit is a finding, not a stop
                 configs[label] = {"error": f"{type(error).__name__}: {error}"[:200]}
     row["configs"] = configs
@@ -229,6 +267,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--budget-s", type=float, default=200.0)
     parser.add_argument("--only", default="stem,narrow", help="layer groups, comma-separated")
+    parser.add_argument("--layers", help="comma-separated layer names: only these of the groups")
     parser.add_argument("--regimes", default="32:float16,1:float32", help=f"comma-separated, of {', '.join(REGIMES)}")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -241,6 +280,8 @@ def main() -> None:
     for batch, dtype_name, precision in (REGIMES[name] for name in args.regimes.split(",")):
         for group in args.only.split(","):
             for layer in LAYERS[group]:
+                if args.layers and layer[0] not in args.layers.split(","):
+                    continue
                 if time.perf_counter() - start > args.budget_s:
                     break
                 row = layer_row(layer, batch, dtype_name, precision)
