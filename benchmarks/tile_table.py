@@ -11,9 +11,10 @@ torchvision), each at batch 1 and 32 in float32 (TF32) and float16, channels_las
 ``fuser.optimize(..., tune=True)``, so every launch signature a model reaches is planned as in real use;
 then GEMM shapes (transformer blocks, classifier heads, a large square one) through ``gemm_act``. Each
 measured launch records every candidate's time in the tile cache (``--cache``). To keep the run short, at
-most ``--per-class`` launches per shape class (tile_table.shape_class) are measured; the others take the
-default. The table is then built from every entry of the cache measured on this GPU (tile_table.build_table)
-and written with where it came from; the summary says how far the cost model's pick was from the best.
+most ``--per-class`` launches per shape class (tile_table.shape_class) and kinds of tile offered (shifted
+taps, boxes) are measured; the others take the default. The table is then built from every entry of the
+cache measured on this GPU (tile_table.build_table) and written with where it came from; the summary says
+how far the cost model's pick was from the best.
 
 ``--from-sweep FILE ...`` (CPU or GPU) adds the configs that benchmarks/conv_tile_sweep.py forced on single
 layers instead (its 'late' group; each config's best time over the files): a class the sweep measured on every
@@ -35,7 +36,7 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ import torch
 import fuser
 from fuser.kernels import autotune, pack_gemm_weight, tile_table
 from fuser.kernels.gemm import gemm_act
-from fuser.kernels.tile_config import Problem
+from fuser.kernels.tile_config import Problem, TileConfig
 
 REPO = Path(__file__).resolve().parent.parent
 # (model, batch, dtype), most wanted first: the regimes the kernels' targets name come before the others.
@@ -113,24 +114,33 @@ def _tune_gemms(dtype: str) -> None:
             gemm_act(a, w)
 
 
-def _class_limit(cache_file: Path, per_class: int) -> Callable[[str, Problem | None], bool]:
-    """A ``should_measure`` that lets at most ``per_class`` launches of each shape class be measured,
-    counting what the cache already holds."""
-    counts: Counter[str] = Counter()
+def _tile_kinds(configs: Iterable[TileConfig | None]) -> frozenset[tuple[bool, bool]]:
+    """The kinds of tile a candidate list offers: (shifted taps, box tiles) of each config."""
+    return frozenset((bool(c.tap_shift), bool(c.box_w)) for c in configs if c is not None)
+
+
+def _class_limit(cache_file: Path, per_class: int) -> Callable[[str, Problem | None, Sequence[TileConfig]], bool]:
+    """A ``should_measure`` that lets at most ``per_class`` launches of each shape class and kinds of tile
+    offered be measured, counting what the cache already holds. Counting the kinds too keeps a stage's
+    stride-1 3x3 convs, whose lists add shifted taps, from being left out behind the stride-2 conv of the same
+    GEMM shape that comes first."""
+    counts: Counter[tuple[str, frozenset[tuple[bool, bool]]]] = Counter()
     for entry in autotune.read_cache_file(cache_file).values():
         if entry.get("problem"):
             try:
-                counts[tile_table.shape_class(entry["kernel"], Problem(**entry["problem"]))] += 1
+                cls = tile_table.shape_class(entry["kernel"], Problem(**entry["problem"]))
+                kinds = _tile_kinds(tile_table.config_from_dict(c) for c, _ in entry["timings_ms"])
             except (TypeError, ValueError, KeyError):
                 continue
+            counts[cls, kinds] += 1
 
-    def should_measure(kernel: str, problem: Problem | None) -> bool:
+    def should_measure(kernel: str, problem: Problem | None, candidates: Sequence[TileConfig]) -> bool:
         if problem is None:
             return True
-        cls = tile_table.shape_class(kernel, problem)
-        if counts[cls] >= per_class:
+        key = (tile_table.shape_class(kernel, problem), _tile_kinds(candidates))
+        if counts[key] >= per_class:
             return False
-        counts[cls] += 1
+        counts[key] += 1
         return True
 
     return should_measure

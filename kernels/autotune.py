@@ -130,7 +130,7 @@ class _Tuning:
     progress: Progress | None
     rounds: int
     rep_ms: int
-    should_measure: Callable[[str, Problem | None], bool] | None = None
+    should_measure: Callable[[str, Problem | None, Sequence[TileConfig]], bool] | None = None
 
 
 _OFF = _Tuning(False, None, rounds=2, rep_ms=20)
@@ -154,7 +154,7 @@ def tuning(
     rounds: int = 2,
     rep_ms: int = 20,
     drop_defaults: bool = True,
-    should_measure: Callable[[str, Problem | None], bool] | None = None,
+    should_measure: Callable[[str, Problem | None, Sequence[TileConfig]], bool] | None = None,
 ) -> Iterator[Progress | None]:
     """Within this context, kernels measure their candidates for every launch signature not in the disk
     cache (``enabled=False``: they take the default, even where an outer context tunes).
@@ -166,9 +166,9 @@ def tuning(
     With ``drop_defaults`` the choices this process already took by default are dropped on entry (with
     the launch plans that embed them), so that shapes another model of the same process planned untuned
     are measured too; a context entered on every forward call passes False, since dropping the plans
-    costs every model of the process its plans. ``should_measure(kernel, problem)``, where given, can
-    decline a measurement (the launch then takes the default, which is not cached): a table-making run
-    uses it to measure a few shapes per shape class, not every one.
+    costs every model of the process its plans. ``should_measure(kernel, problem, candidates)``, where given,
+    can decline a measurement (the launch then takes the default, which is not cached): a table-making run
+    uses it to measure a few shapes per shape class and candidate list, not every one.
     """
     if rounds < 1 or rep_ms < 1:
         raise ValueError(f"tuning: rounds and rep_ms must be >= 1, got {rounds} and {rep_ms}")
@@ -444,7 +444,7 @@ def choose(
         if settings.progress is not None and tune:
             settings.progress.from_cache()
         return _remember(key_text, config, measured=True)
-    if not tune or (settings.should_measure is not None and not settings.should_measure(kernel, problem)):
+    if not tune or (settings.should_measure is not None and not settings.should_measure(kernel, problem, candidates)):
         arch, sm_count = (facts[1], facts[2]) if facts is not None else (None, tile_heuristic.SM_COUNT)
         return _remember(key_text, default_config(kernel, candidates, problem, arch, sm_count), measured=False)
     config, timings = _measure(kernel, key, candidates, bench, problem, settings)

@@ -113,6 +113,7 @@ def build_table(
     """
     shapes: dict[str, list[dict[TileConfig, float]]] = defaultdict(list)
     problems: dict[str, list[Problem]] = defaultdict(list)
+    seen: set[tuple[Problem, frozenset[TileConfig]]] = set()
     kernels: dict[str, str] = {}
     for entry in cache_entries:
         try:
@@ -124,8 +125,12 @@ def build_table(
         if not timings or not any(math.isfinite(t) for t in timings.values()):
             continue
         cls = shape_class(entry["kernel"], problem)
-        if problem in problems[cls]:
-            continue  # the same problem measured under another key (strides, epilogue): keep the first
+        # The same problem measured under another key (strides, epilogue) over the same candidates counts
+        # once. Over other candidates it is a launch of its own: a stride-1 3x3 conv has the GEMM shape of
+        # the stride-2 conv opening its stage, and only the stride-1 one can take shifted taps.
+        if (problem, frozenset(timings)) in seen:
+            continue
+        seen.add((problem, frozenset(timings)))  # type: ignore[arg-type]
         shapes[cls].append(timings)  # type: ignore[arg-type]
         problems[cls].append(problem)
         kernels[cls] = entry["kernel"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import filelock
@@ -215,10 +216,10 @@ def test_untuned_choice_does_not_wait_for_a_held_lock(cache: Path, monkeypatch: 
 
 
 def test_should_measure_can_decline_a_measurement(cache: Path) -> None:
-    asked: list[tuple[str, Problem | None]] = []
+    asked: list[tuple[str, Problem | None, list[TileConfig]]] = []
 
-    def only_big(kernel: str, problem: Problem | None) -> bool:
-        asked.append((kernel, problem))
+    def only_big(kernel: str, problem: Problem | None, candidates: Sequence[TileConfig]) -> bool:
+        asked.append((kernel, problem, list(candidates)))
         return problem is not None and problem.m > 1000
 
     calls: list[TileConfig] = []
@@ -228,7 +229,7 @@ def test_should_measure_can_decline_a_measurement(cache: Path) -> None:
             "gemm_act", {**KEY, "m": 5000}, CANDIDATES, counting_bench(calls), problem=Problem(5000, 21, 61)
         )
     assert small == tile_heuristic.pick("gemm_act", CANDIDATES, PROBLEM)
-    assert calls == CANDIDATES and len(asked) == 2
+    assert calls == CANDIDATES and len(asked) == 2 and all(seen == CANDIDATES for *_, seen in asked)
     assert len(autotune.read_cache_file(autotune.cache_file("test"))) == 1, "a declined measurement is not cached"
 
 

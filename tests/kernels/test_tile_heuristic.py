@@ -3,6 +3,7 @@ only ever return one of the kernel's own candidates, deterministically, on any s
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -159,6 +160,26 @@ def test_build_table_ranks_by_geometric_mean_and_drops_failures() -> None:
     assert entry["ranked"][0]["rel"] == pytest.approx(math.sqrt(1.1 * 2.4), abs=1e-4)
     assert entry["shapes"] == [[1000, 60, 300, 1], [1001, 61, 301, 1]]
     assert entry["model_rel"] is None or entry["model_rel"] >= 1.0
+
+
+def test_build_table_keeps_a_problem_measured_again_over_other_candidates() -> None:
+    """The stride-2 conv opening a ResNet stage and the stride-1 3x3 convs after it share (M, N, K); only the
+    latter's list has shifted taps. Both measurements count, so the class ranks the shifted tile first and a
+    stride-2 launch, whose list lacks it, falls through to the best row tile."""
+    rows = [TileConfig(128, 128, 64, 8, 8, 3), TileConfig(64, 128, 64, 8, 4, 4)]
+    shifted = dataclasses.replace(rows[0], tap_shift=1)
+    problem = Problem(25088, 128, 1152, 1, 2, "fp16")
+    entries = [
+        _entry("conv2d_act", problem, [(rows[0], 27.0), (rows[1], 29.0)]),  # the stride-2 conv
+        _entry("conv2d_act", problem, [(rows[0], 26.0), (rows[1], 28.0), (shifted, 21.5)]),  # a stride-1 one
+        _entry("conv2d_act", problem, [(rows[0], 26.5), (rows[1], 28.5), (shifted, 22.0)]),  # the same list again
+    ]
+    entry = tile_table.build_table(entries, "sm90", {}, sm_count=132)["entries"][
+        tile_table.shape_class("conv2d_act", problem)
+    ]
+    ranked = [tile_table.config_from_dict(r["config"]) for r in entry["ranked"]]
+    assert ranked == [shifted, *rows] and len(entry["shapes"]) == 2
+    assert entry["ranked"][1]["rel"] == pytest.approx(math.sqrt(1.0 * 26.0 / 21.5), abs=1e-4)
 
 
 def test_built_table_round_trips_through_lookup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,6 +3,7 @@ and its summary of the cost model against the measurements."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -36,10 +37,26 @@ def test_per_class_limit_counts_the_cache(script, tmp_path: Path) -> None:
     path = tmp_path / "tiles-x.json"
     assert autotune.merge_into_cache(path, {"a": _entry(cached, [(TileConfig(64, 64, 32), 1.0)])})
     should_measure = script._class_limit(path, per_class=2)
-    assert should_measure("gemm_act", same_class) is True  # the class's second launch
-    assert should_measure("gemm_act", same_class) is False
-    assert [should_measure("gemm_act", other) for _ in range(3)] == [True, True, False]
-    assert should_measure("gemm_act", None) is True  # a launch without a problem cannot be classed
+    rows = [TileConfig(64, 64, 32)]
+    assert should_measure("gemm_act", same_class, rows) is True  # the class's second launch
+    assert should_measure("gemm_act", same_class, rows) is False
+    assert [should_measure("gemm_act", other, rows) for _ in range(3)] == [True, True, False]
+    assert should_measure("gemm_act", None, rows) is True  # a launch without a problem cannot be classed
+
+
+def test_per_class_limit_still_measures_a_launch_offering_other_kinds_of_tile(script, tmp_path: Path) -> None:
+    """A stage's stride-1 3x3 conv has the GEMM shape of the stride-2 conv before it, but its list adds shifted
+    taps: a full class still measures it (else the table never ranks shifted taps for that class)."""
+    stride2, stride1 = Problem(25088, 128, 1152), Problem(25088, 128, 1152)
+    rows = [TileConfig(128, 128, 64, 8, 8, 3), TileConfig(64, 128, 64, 8, 4, 4)]
+    shifted = [*rows, dataclasses.replace(rows[0], tap_shift=1)]
+    path = tmp_path / "tiles-x.json"
+    measured = {**_entry(stride2, [(c, 1.0) for c in rows]), "kernel": "conv2d_act"}
+    assert autotune.merge_into_cache(path, {"a": measured})
+    should_measure = script._class_limit(path, per_class=1)
+    assert should_measure("conv2d_act", stride2, rows) is False
+    assert should_measure("conv2d_act", stride1, shifted) is True
+    assert should_measure("conv2d_act", stride1, shifted) is False
 
 
 def test_summary_says_how_far_the_model_is(script) -> None:
