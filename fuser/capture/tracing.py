@@ -409,6 +409,10 @@ def _record_shapes(
             return eager(*args, **kwargs)
 
         object.__setattr__(g.module, "forward", forward)
+    # cuDNN's benchmark mode would time every algorithm of each new conv shape in this forward, whose speed
+    # nothing uses; a process whose first GPU work is optimize() would pay it for the original model's convs
+    cudnn_benchmark = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = False
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=rng_devices):
             root = next((g for g in graphs if g.path == ""), None)
@@ -422,6 +426,7 @@ def _record_shapes(
             else:
                 model(*example_inputs)
     finally:
+        torch.backends.cudnn.benchmark = cudnn_benchmark
         for m, attributes in saved:
             m.__dict__.clear()
             m.__dict__.update(attributes)

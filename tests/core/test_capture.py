@@ -217,3 +217,32 @@ def test_a_module_whose_forward_never_runs_is_replaced_by_its_children():
     assert [type(m).__name__ for m in fast.module.layers] == ["ConvBnAct", "ConvBnAct", "_Pair"]
     with torch.no_grad():
         assert_close(fast(x), reference64(model, x), "ieee", "iterated layers")
+
+
+_CUDNN_BENCHMARK_SEEN: list[bool] = []  # outside the module: optimize() runs a copy of the model
+
+
+class _NotesCudnnBenchmark(nn.Module):
+    """Notes cuDNN's benchmark flag each time it runs; its branch on a value keeps torch.fx from tracing it, so
+    it runs as written inside the shape-propagation forward."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.fx.Proxy):  # a run, not the trace's attempt
+            _CUDNN_BENCHMARK_SEEN.append(torch.backends.cudnn.benchmark)
+        return x if x.abs().sum() >= 0 else -x
+
+
+@pytest.mark.parametrize("user_setting", [True, False])
+def test_the_shape_forward_runs_without_cudnn_benchmarking_and_restores_the_flag(monkeypatch, user_setting):
+    """The shape-propagation forward's speed is not used: cuDNN's benchmark mode, which times every algorithm of
+    each new conv shape, is off for it, and the user's setting is back afterwards, also when the model raises."""
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", user_setting)
+    _CUDNN_BENCHMARK_SEEN.clear()
+    model = nn.Sequential(seeded(ConvBnAct(F.silu, 3, 5, padding=1)), _NotesCudnnBenchmark()).eval()
+    x = torch.randn(2, 3, 13, 11)
+    fused = fuser.optimize(model, (x,), backend="torch")
+    assert _CUDNN_BENCHMARK_SEEN == [False] and torch.backends.cudnn.benchmark is user_setting
+    assert_close(fused(x), reference64(model, x), "ieee")
+    with pytest.raises(ValueError, match="raised RuntimeError on the example inputs"):
+        fuser.optimize(model, (torch.randn(2, 4, 13, 11),), backend="torch")  # 4 channels into a 3-channel conv
+    assert torch.backends.cudnn.benchmark is user_setting
