@@ -85,15 +85,52 @@ def _nd_indices(ctx: NodeContext) -> Any:
     return ctx.call(torch.unbind, index, -1)
 
 
+# ScatterND's reductions, as torch.scatter_reduce names them
+_SCATTER_REDUCE = {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}
+
+
 @converter("ScatterND", versions=(11, 13, 16, 18))
 def scatter_nd(ctx: NodeContext) -> Any:
-    """A copy of ``data`` with ``data[tuple(indices.unbind(-1))]`` set to ``updates`` (``reduction="add"``: added to
-    them): ``torch.index_put``, whose advanced indexing reads ONNX's index layout and negative indices as
-    GatherND's does. ultralytics' pose head writes its decoded keypoints into a copy this way."""
+    """A copy of ``data`` with ``data[tuple(indices.unbind(-1))]`` set to ``updates``: ``torch.index_put``, whose
+    advanced indexing reads ONNX's index layout and negative indices as GatherND's does. ultralytics' pose head
+    writes its decoded keypoints into a copy this way. A reduction (add, mul, max, min) goes through
+    :func:`_scatter_nd_reduce`: ``index_put(accumulate=True)`` would add, but torch.onnx exports it as a scatter
+    into zeros plus an add, which keeps one of the repeated indices' updates."""
     reduction = ctx.attr("reduction", "none")
-    if reduction not in ("none", "add"):
-        raise ctx.unsupported(f"reduction={reduction!r} (none and add are converted)")
-    return ctx.call(torch.index_put, ctx.input(0), _nd_indices(ctx), ctx.input(2), accumulate=reduction == "add")
+    if reduction in _SCATTER_REDUCE:
+        return _scatter_nd_reduce(ctx, _SCATTER_REDUCE[reduction])
+    if reduction != "none":
+        raise ctx.unsupported(f"reduction={reduction!r}")
+    return ctx.call(torch.index_put, ctx.input(0), _nd_indices(ctx), ctx.input(2))
+
+
+def _scatter_nd_reduce(ctx: NodeContext, reduce: str) -> Any:
+    """ScatterND with a reduction ``torch.index_put`` lacks: the indexed leading dims of ``data`` flattened into one,
+    each index tuple into its row number there (negative indices counted from the end), and
+    ``torch.scatter_reduce`` over those rows with the data included, which applies the reduction once per update
+    whatever the order, as ONNX's repeated indices need."""
+    data, updates = ctx.input(0), ctx.input(2)
+    depth = (ctx.static_shape(1) or [None])[-1]
+    data_rank, index_rank = ctx.rank(0), ctx.rank(1)
+    if depth is None or data_rank is None or index_rank is None:
+        raise ctx.unsupported("a reduction over indices or data of unknown rank or index depth")
+    if not 0 < depth <= data_rank:
+        raise ctx.invalid(f"indices of depth {depth} into data of rank {data_rank}")
+    index = _nd_indices(ctx)
+    row: Any = None
+    for d in range(depth):
+        size = ctx.size(data, d)
+        within = ctx.call(torch.remainder, ctx.call(operator.getitem, index, d), size)
+        row = within if row is None else ctx.call(operator.add, ctx.call(operator.mul, row, size), within)
+    rows = ctx.call(torch.flatten, data, 0, depth - 1)
+    if index_rank > 1:
+        sources = ctx.call(torch.flatten, updates, 0, index_rank - 2)
+    else:  # one index tuple: one update of the trailing shape
+        sources = ctx.method("unsqueeze", updates, 0)
+    trailing = data_rank - depth
+    where = ctx.method("expand_as", ctx.method("reshape", row, [-1] + [1] * trailing), sources)
+    reduced = ctx.call(torch.scatter_reduce, rows, 0, where, sources, reduce, include_self=True)
+    return ctx.method("reshape_as", reduced, data)
 
 
 @converter("Concat", versions=(4, 11, 13))

@@ -4,6 +4,7 @@ batch size at run time (each graph runs at two batch sizes)."""
 from __future__ import annotations
 
 import operator
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -25,6 +26,7 @@ from onnx_testing import (
     single_op,
 )
 
+from fuser.onnx.exporter import export_onnx
 from fuser.onnx.importer import import_onnx
 
 SHAPE = ["N", 6, 5, 7]
@@ -144,21 +146,36 @@ def test_scatter_nd_writes_into_a_copy(kind: str) -> None:
     assert_survives_pickling(module, random_feeds(model, 1))
 
 
-def test_scatter_nd_adds_repeated_indices() -> None:
-    node = helper.make_node("ScatterND", ["x0", "i", "x1"], ["y0"], reduction="add")
-    model = make_model(
-        [node], [info("x0", [7, 6, 5]), info("x1", [4, 6, 5])], [info("y0", None)], [const("i", [[1], [1], [3], [-1]])],
-        opset=16,
-    )  # fmt: skip
-    check_import(model, "ScatterND add", batches=(1,))
+@pytest.mark.parametrize("reduction, opset", [("add", 16), ("mul", 16), ("max", 18), ("min", 18)])
+@pytest.mark.parametrize("kind", ["rows", "elements", "one"])
+def test_scatter_nd_reduces_repeated_indices(reduction: str, opset: int, kind: str, tmp_path: Path) -> None:
+    """Each update combined with what is there, repeated and negative indices included (row 1 is written three
+    times, once as -6), whole rows, single elements and one lone index tuple; as onnxruntime, and so is the
+    module exported back to ONNX (torch.onnx's export of index_put with accumulate kept one of repeated adds)."""
+    indices = {
+        "rows": np.array([[1], [4], [-6], [1], [0]]),  # [5, 1] into [7, 6, 5]
+        "elements": np.array([[[1, 2, 3], [1, 2, 3]], [[-6, 2, -2], [6, 0, 4]]]),  # [2, 2, 3]
+        "one": np.array([2, -1]),  # [2]: one [5] row
+    }[kind]
+    updates = list(indices.shape[:-1]) + [6, 5][indices.shape[-1] - 1 :]
+    node = helper.make_node("ScatterND", ["x0", "i", "x1"], ["y0"], reduction=reduction)
+    inputs = [info("x0", [7, 6, 5]), info("x1", updates)]
+    model = make_model([node], inputs, [info("y0", None)], [const("i", indices)], opset=opset)
+    module = check_import(model, f"ScatterND {reduction} {kind}", batches=(1,))
+    assert torch.scatter_reduce in call_targets(module)
+    feeds = random_feeds(model, 1)
+    assert_survives_pickling(module, feeds)
+    path = export_onnx(module, tuple(torch.from_numpy(v) for v in feeds.values()), tmp_path / "scatter.onnx")
+    exported = dict(zip([f"input_{i}" for i in range(len(feeds))], feeds.values(), strict=True))  # its names
+    assert_outputs_match(run_module(module, feeds), run_ort(str(path), exported), f"ScatterND {reduction} {kind} back")
 
 
-def test_scatter_nd_with_a_multiplying_reduction_is_refused() -> None:
-    node = helper.make_node("ScatterND", ["x0", "i", "x1"], ["y0"], name="snd", reduction="mul")
+def test_scatter_nd_with_an_unknown_reduction_is_refused() -> None:
+    node = helper.make_node("ScatterND", ["x0", "i", "x1"], ["y0"], name="snd", reduction="median")
     model = make_model(
-        [node], [info("x0", [7, 6, 5]), info("x1", [2, 6, 5])], [info("y0", None)], [const("i", [[1], [3]])], opset=16
+        [node], [info("x0", [7, 6, 5]), info("x1", [2, 6, 5])], [info("y0", None)], [const("i", [[1], [3]])], opset=18
     )
-    with pytest.raises(NotImplementedError, match=r"'snd' \(ai.onnx::ScatterND, opset 16\): reduction='mul'"):
+    with pytest.raises(NotImplementedError, match=r"'snd' \(ai.onnx::ScatterND, opset 18\): reduction='median'"):
         import_onnx(model)
 
 
