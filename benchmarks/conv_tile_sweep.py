@@ -31,9 +31,11 @@ for such a block: cuDNN's conv on the folded weights (channels_last), then the a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -119,7 +121,7 @@ def long_k_tiles(c_in: int, c_out: int, stride: int, elem: int) -> list[Any]:
                 [(128, 128, 8, 4, 1), (128, 128, 8, 3, 1), (128, 128, 8, 4, 2), (64, 128, 4, 4, 1),
                  (64, 128, 4, 4, 2), (128, 64, 4, 4, 1), (64, 256, 8, 3, 1), (64, 256, 8, 3, 2),
                  (128, 256, 8, 3, 1), (128, 256, 8, 3, 2)]]  # fmt: skip
-    if stride == 1 and c_in <= 64:  # 256-row tiles: half the weight reads per output of a 64-wide tile
+    if stride == 1 and c_in <= 64:  # 256-row tiles, half the weight reads per output (slower: sweep -03f.json)
         out += [TileConfig(256, min(64, bn_cap), bk, 8, 8, s, 1, box, tap_shift=shift)
                 for s in (3, 4) for box, shift in ((16, 0), (0, 0), (0, 1))]  # fmt: skip
     if stride == 2:
@@ -156,32 +158,26 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
     out = torch.empty(batch, c_out, oh, oh, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
     shipped = (conv_choice.ROW_RUN_MIN, conv_choice.MAX_DIRECT_TAPS)
     if name in {n for n, *_ in LAYERS["stem"]}:
-        orders = {"rows": (shipped[0], shipped[1]), "flat": (10**9, shipped[1])}
+        orders = {"rows": shipped, "flat": (10**9, shipped[1])}
     elif name in {n for n, *_ in LAYERS["rgb"]}:  # the direct kernel, and the implicit GEMM in both orders
         orders = {"": shipped, "rows": (shipped[0], 0), "flat": (10**9, 0)}
     else:
         orders = {"": shipped}
 
-    def routed(order: tuple[int, int]) -> Any:
-        """Route the conv as ``order`` says (the filter-row order's minimum run, the direct kernel's tap limit)
-        while ``make`` runs."""
-
-        def run(make: Any) -> Any:
-            conv_choice.ROW_RUN_MIN, conv_choice.MAX_DIRECT_TAPS = order
-            try:
-                return make()
-            finally:
-                conv_choice.ROW_RUN_MIN, conv_choice.MAX_DIRECT_TAPS = shipped
-
-        return run
+    @contextlib.contextmanager
+    def routed(order: tuple[int, int]) -> Iterator[None]:
+        """Route the conv as ``order`` says: the filter-row order's minimum run, the direct kernel's tap limit."""
+        conv_choice.ROW_RUN_MIN, conv_choice.MAX_DIRECT_TAPS = order
+        try:
+            yield
+        finally:
+            conv_choice.ROW_RUN_MIN, conv_choice.MAX_DIRECT_TAPS = shipped
 
     def plan(tile: Any, order: tuple[int, int]) -> Any:
         conv._plans._plans.clear()  # plans are keyed by the call, not by the reduction order
-        return routed(order)(
-            lambda: conv.conv2d_act_plan(
-                x, packed, bias32, stride=stride, padding=pad, epilogue=epilogue, out=out, tile=tile, input_scale=scale
-            )
-        )
+        with routed(order):
+            return conv.conv2d_act_plan(x, packed, bias32, stride=stride, padding=pad, epilogue=epilogue, out=out,
+                                        tile=tile, input_scale=scale)  # fmt: skip
 
     def timed(run: Any) -> dict[str, Any]:
         out.fill_(float("nan"))
@@ -199,7 +195,8 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
     configs: dict[str, Any] = {}
     x_shape = (batch, c_in, size, size)
     for order, routing in orders.items():
-        candidates = routed(routing)(lambda: conv.conv2d_tile_candidates(x_shape, packed, stride, (pad,) * 4))
+        with routed(routing):
+            candidates = conv.conv2d_tile_candidates(x_shape, packed, stride, (pad,) * 4)
         direct = routing[1] > 0 and conv_choice.conv_kernel(c_in, c_out, 1, (k, k)) == conv_choice.ConvKernel.DIRECT
         extras = direct_tiles(c_out) if direct else extra_tiles(c_in, c_out, k, stride, x.element_size())
         for tile in dict.fromkeys([*candidates, *extras]):
