@@ -168,7 +168,7 @@ def tuning(
     are measured too; a context entered on every forward call passes False, since dropping the plans
     costs every model of the process its plans. ``should_measure(kernel, problem, candidates)``, where given,
     can decline a measurement (the launch then takes the default, which is not cached): a table-making run
-    uses it to measure a few shapes per shape class and candidate list, not every one.
+    uses it to measure a few shapes per shape class and kind of tile offered, not every one.
     """
     if rounds < 1 or rep_ms < 1:
         raise ValueError(f"tuning: rounds and rep_ms must be >= 1, got {rounds} and {rep_ms}")
