@@ -173,7 +173,7 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out64 - ref64).norm() / ref64.norm()).item()
 
 
-def conv_block(layer: ConvLayer, dtype: torch.dtype) -> torch.nn.Sequential:
+def conv_block(layer: ConvLayer, dtype: torch.dtype, device: str = "cuda") -> torch.nn.Sequential:
     from fuser.models.common import randomize_batchnorm
 
     conv = torch.nn.Conv2d(
@@ -181,7 +181,7 @@ def conv_block(layer: ConvLayer, dtype: torch.dtype) -> torch.nn.Sequential:
     )
     block = torch.nn.Sequential(conv, torch.nn.BatchNorm2d(layer.c_out), torch.nn.SiLU())
     randomize_batchnorm(block)
-    return block.eval().cuda().to(dtype)
+    return block.eval().to(device, dtype)
 
 
 def fold_bn(block: torch.nn.Sequential) -> tuple[torch.Tensor, torch.Tensor]:

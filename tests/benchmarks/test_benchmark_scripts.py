@@ -388,3 +388,20 @@ def test_the_shipped_table_picks_what_the_late_layer_sweep_measured_fastest() ->
         assert listed and listed[0]["rel"] <= 1.07, f"{c} @{hw} {prec}: {entry['ranked'][:3]}"
         best = tile_table.config_from_dict(listed[0]["config"])
         assert autotune.default_config("conv2d_act", candidates, problem, "sm90") == best
+
+
+@pytest.mark.parametrize("layer", ["yolo 3->16 3x3 s2 @640", "yolo 64->64 3x3 s1 @80"])
+def test_the_profiled_launches_compute_the_layer(layer: str) -> None:
+    """benchmarks.stall_profile launches what device_profile.sh hands Nsight Compute: the fused conv -> BN -> SiLU
+    of a layers.py row (the direct kernel, the implicit GEMM), here in the interpreter at size 17, matching the
+    float64 block it was folded from."""
+    import torch.nn.functional as F
+
+    from benchmarks import stall_profile
+    from fuser.verification import TOLERANCE
+
+    row = stall_profile.LAYERS[layer]
+    small = layers.ConvLayer(row.name, row.c_in, row.c_out, row.kernel, row.stride, 17, row.groups)
+    run = stall_profile.launches(small, "fp32", batch=2, calls=2, interpret=True)
+    ref = F.silu(F.conv2d(run.x.double(), run.weight64, run.bias64, row.stride, row.padding, 1, row.groups))
+    assert run.out.shape == ref.shape and gpu_models.rel_error(run.out, ref) < TOLERANCE["tf32"]
