@@ -41,7 +41,8 @@ def launches(layer: ConvLayer, dtype_name: str, batch: int, calls: int, interpre
 
     dtype, precision = DTYPES[dtype_name]
     device = "cpu" if interpret else "cuda"
-    w64, b64 = fold_bn(conv_block(layer, torch.float32, device))
+    with torch.no_grad():
+        w64, b64 = fold_bn(conv_block(layer, torch.float32, device))
     packed = pack_conv_weight(w64.float(), precision, groups=layer.groups)
     bias = b64.float()
     x = torch.randn(batch, layer.c_in, layer.size, layer.size, device=device).to(dtype)
