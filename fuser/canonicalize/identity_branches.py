@@ -116,8 +116,9 @@ def rule_identity_batch_norm_into_branch(node: fx.Node, ctx: Context) -> bool:
     for leaf in _sum_leaves(root):
         alone = isinstance(leaf, fx.Node) and leaf is not node and len(leaf.users) == 1
         w = _same_size_conv(leaf, x, channels, ctx) if alone else None
-        if w is not None and _constant_bias(leaf, ctx)[0]:
-            _fold_into_conv(ctx, node, identity, leaf, w)
+        constant, bias = _constant_bias(leaf, ctx) if w is not None else (False, None)
+        if w is not None and constant:
+            _fold_into_conv(ctx, node, identity, leaf, w, bias)
             return True
         branch = _eval_batch_norm(leaf, ctx) if alone else None
         if branch is None or branch["scale"].numel() != channels or not isinstance(branch["input"], fx.Node):
@@ -148,19 +149,27 @@ def _with_identity_centre(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return centre
 
 
-def _fold_into_conv(ctx: Context, node: fx.Node, identity: dict, conv: fx.Node, w: torch.Tensor) -> None:
+def _with_identity_shift(identity: dict, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """``bias + t_id`` computed in float64 (an absent bias: zero), in the bias's dtype, else ``dtype``."""
+    beta = identity["shift"] + (bias.detach().to(torch.float64) if bias is not None else 0.0)
+    return beta.to(dtype if bias is None else bias.dtype)
+
+
+def _rebind(node: fx.Node, names: tuple[str, ...], defaults: dict[str, Any], **changes: Any) -> None:
+    """Make ``node`` call its target with ``changes`` to its arguments, every argument passed by position."""
+    args = bind(node, names, defaults) | changes
+    node.args, node.kwargs = tuple(args[k] for k in names), {}
+
+
+def _fold_into_conv(
+    ctx: Context, node: fx.Node, identity: dict, conv: fx.Node, w: torch.Tensor, bias: torch.Tensor | None
+) -> None:
     """BN_id(x) + conv(x, W, b) -> conv(x, W', b + t_id), W' with s_id at the centre tap: the form a branch takes
     once its own BatchNorm is folded (an ONNX export's constant folding, a model fused by hand)."""
-    _, bias = _constant_bias(conv, ctx)
-    beta = identity["shift"] + (bias.detach().to(torch.float64) if bias is not None else 0.0)
     new_w = _register(ctx, f"{conv.name}_weight_with_identity", _with_identity_centre(w, identity["scale"]).to(w.dtype))
-    new_b = _register(ctx, f"{conv.name}_bias_with_identity", beta.to(w.dtype if bias is None else bias.dtype))
+    new_b = _register(ctx, f"{conv.name}_bias_with_identity", _with_identity_shift(identity, bias, w.dtype))
     old = [a for a in (*conv.args, *conv.kwargs.values()) if isinstance(a, fx.Node)]
-    conv_args = bind(conv, CONV_ARGS, CONV_DEFAULTS) | {
-        "weight": get_attr(ctx, conv, new_w),
-        "bias": get_attr(ctx, conv, new_b),
-    }
-    conv.args, conv.kwargs = tuple(conv_args[k] for k in CONV_ARGS), {}
+    _rebind(conv, CONV_ARGS, CONV_DEFAULTS, weight=get_attr(ctx, conv, new_w), bias=get_attr(ctx, conv, new_b))
     _drop_identity(ctx, node, conv, old)
 
 
@@ -168,15 +177,11 @@ def _fold(
     ctx: Context, node: fx.Node, identity: dict, leaf: fx.Node, branch: dict, conv: fx.Node, w: torch.Tensor
 ) -> None:
     centre = _with_identity_centre(w, identity["scale"] / branch["scale"])
-    bias = branch["bias"]
-    beta = identity["shift"] + (bias.detach().to(torch.float64) if bias is not None else 0.0)
     new_w = _register(ctx, f"{conv.name}_weight_with_identity", centre.to(w.dtype))
-    new_b = _register(ctx, f"{leaf.name}_bias_with_identity", beta.to(w.dtype if bias is None else bias.dtype))
+    new_b = _register(ctx, f"{leaf.name}_bias_with_identity", _with_identity_shift(identity, branch["bias"], w.dtype))
     old = [a for a in (*conv.args, *leaf.args, *leaf.kwargs.values()) if isinstance(a, fx.Node)]
-    conv_args = bind(conv, CONV_ARGS, CONV_DEFAULTS) | {"weight": get_attr(ctx, conv, new_w)}
-    conv.args, conv.kwargs = tuple(conv_args[k] for k in CONV_ARGS), {}
-    bn_args = bind(leaf, BN_ARGS, BN_DEFAULTS) | {"bias": get_attr(ctx, leaf, new_b)}
-    leaf.args, leaf.kwargs = tuple(bn_args[k] for k in BN_ARGS), {}
+    _rebind(conv, CONV_ARGS, CONV_DEFAULTS, weight=get_attr(ctx, conv, new_w))
+    _rebind(leaf, BN_ARGS, BN_DEFAULTS, bias=get_attr(ctx, leaf, new_b))
     _drop_identity(ctx, node, leaf, old)
 
 
