@@ -1,5 +1,5 @@
-"""What the export and compile tests of the fusions between convs share: an exported file run in onnxruntime
-(one thread, CPU), and a module compiled by torch.compile with dynamo's counters."""
+"""What the export and compile tests share: an exported file run in onnxruntime (one thread, CPU), a module
+compiled by torch.compile with dynamo's counters, and the warnings torch.onnx's exporters print on real models."""
 
 from __future__ import annotations
 
@@ -8,7 +8,17 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 import torch
+
+# What torch.onnx's two exporters warn about on real libraries' models (deprecations, tracer notes on Python
+# control flow, version advice): not findings of the tests that export them.
+EXPORTER_WARNINGS = [
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+    pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning"),
+]
 
 
 def exported_standard(path: str | Path) -> onnx.ModelProto:

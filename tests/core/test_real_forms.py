@@ -600,23 +600,31 @@ class LeViTLinearNormAsImported(nn.Module):
         return out * batch if self.size_twice else out
 
 
-@pytest.mark.parametrize("last_read", [False, True], ids=["features", "size-read"])
-def test_levit_linear_norm_as_onnx_imports_it_folds_into_the_linear(last_read: bool):
-    model = seeded(LeViTLinearNormAsImported(last_read=last_read))
+def _folds_into_the_linear(model: nn.Module, other: tuple[int, ...]) -> None:
+    """``model``'s linear -> BatchNorm1d is one fused chain, right at the traced shape and at ``other``."""
     opt = optimize_and_compare(model, torch.randn(3, 5, 19))
     assert fused_ops(opt) == [["linear", "batch_norm"]], str(opt.fusion_report)
-    x2 = torch.randn(2, 9, 19)
+    x2 = torch.randn(*other)
     with torch.no_grad():
         assert_close(opt(x2), reference64(model, x2), "ieee")
+
+
+def _keeps_its_batch_norm(model: nn.Module, reason: str) -> None:
+    """Nothing moves in ``model``: its one BatchNorm is reported unfused, for ``reason``."""
+    opt = optimize_and_compare(model, torch.randn(3, 5, 19))
+    stays = [e for e in opt.fusion_report.rejected if "batch_norm" in e.ops]
+    assert len(stays) == 1 and reason in stays[0].reason, str(opt.fusion_report)
+
+
+@pytest.mark.parametrize("last_read", [False, True], ids=["features", "size-read"])
+def test_levit_linear_norm_as_onnx_imports_it_folds_into_the_linear(last_read: bool):
+    _folds_into_the_linear(seeded(LeViTLinearNormAsImported(last_read=last_read)), (2, 9, 19))
 
 
 def test_a_size_read_used_again_keeps_the_flatten_and_the_batch_norm():
     """The batch size read from the linear's output also scales the result: moving the flatten before the linear
     would make that read the flattened size, so nothing moves and the BatchNorm is reported."""
-    model = seeded(LeViTLinearNormAsImported(size_twice=True))
-    opt = optimize_and_compare(model, torch.randn(3, 5, 19))
-    stays = [e for e in opt.fusion_report.rejected if "batch_norm" in e.ops]
-    assert len(stays) == 1 and "follows `flatten`" in stays[0].reason, str(opt.fusion_report)
+    _keeps_its_batch_norm(seeded(LeViTLinearNormAsImported(size_twice=True)), "follows `flatten`")
 
 
 class LeViTLinearNormAsDynamoExports(nn.Module):
@@ -636,19 +644,11 @@ class LeViTLinearNormAsDynamoExports(nn.Module):
 
 
 def test_levit_linear_norm_as_the_dynamo_exporter_writes_it_folds_into_the_linear():
-    model = seeded(LeViTLinearNormAsDynamoExports())
-    opt = optimize_and_compare(model, torch.randn(3, 5, 19))
-    assert fused_ops(opt) == [["linear", "batch_norm"]], str(opt.fusion_report)
-    x2 = torch.randn(7, 5, 19)
-    with torch.no_grad():
-        assert_close(opt(x2), reference64(model, x2), "ieee")
+    _folds_into_the_linear(seeded(LeViTLinearNormAsDynamoExports()), (7, 5, 19))
 
 
 def test_a_linear_output_read_again_keeps_its_reshape_and_batch_norm():
-    model = seeded(LeViTLinearNormAsDynamoExports(reuse=True))
-    opt = optimize_and_compare(model, torch.randn(3, 5, 19))
-    stays = [e for e in opt.fusion_report.rejected if "batch_norm" in e.ops]
-    assert len(stays) == 1 and "reshape" in stays[0].reason, str(opt.fusion_report)
+    _keeps_its_batch_norm(seeded(LeViTLinearNormAsDynamoExports(reuse=True)), "reshape")
 
 
 class FlattenBeforeBatchNorm(nn.Module):

@@ -17,19 +17,14 @@ import onnx
 import pytest
 import torch
 from accuracy import TOLERANCE, rel_error
+from export_checks import EXPORTER_WARNINGS
 from onnx_testing import run_ort
 
 from fuser.onnx.importer import import_onnx
 
 transformers = pytest.importorskip("transformers", reason="transformers is a test dependency of this file")
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore::UserWarning"),
-    pytest.mark.filterwarnings("ignore::FutureWarning"),
-    pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning"),
-]
+pytestmark = [pytest.mark.slow, *EXPORTER_WARNINGS]
 
 VOCAB = 101
 

@@ -28,6 +28,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from accuracy import TOLERANCE, rel_error
+from export_checks import EXPORTER_WARNINGS
 from torch.utils._pytree import tree_flatten
 
 for _library in ("torchvision", "timm", "ultralytics", "transformers"):
@@ -37,13 +38,7 @@ from zoo_models import ZOO, ZooModel  # noqa: E402
 
 import fuser  # noqa: E402
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore::UserWarning"),
-    pytest.mark.filterwarnings("ignore::FutureWarning"),
-    pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning"),
-]
+pytestmark = [pytest.mark.slow, *EXPORTER_WARNINGS]
 
 CHECKS = ["onnxruntime", "chains", "batch_norms", "export"]
 EXPORTERS = ["torchscript", "dynamo"]
