@@ -13,12 +13,12 @@ reference, which would pass the error check without testing a kernel.
 from __future__ import annotations
 
 import pytest
-import torch
 from accuracy import TOLERANCE
 
 for _library in ("torchvision", "timm", "ultralytics", "transformers"):
     pytest.importorskip(_library, reason=f"the zoo needs {_library}: `make test` installs it (Makefile, extra 'zoo')")
 
+from zoo_checks import one_thread  # noqa: E402
 from zoo_models import ZOO  # noqa: E402
 
 import fuser  # noqa: E402
@@ -55,13 +55,9 @@ def test_zoo_model_through_the_interpreted_kernels(name: str, monkeypatch: pytes
 
         monkeypatch.setattr(kernel_dispatch, kind, counted)
     model, x = zoo.build(), zoo.example_input()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         optimized = fuser.optimize(model, (x,), backend="interpret", precision="ieee")
         check = fuser.verify(model, optimized, (x,), layers=False)
-    finally:
-        torch.set_num_threads(threads)
     fused = len(optimized.fusion_report.fused)
     assert fused and not fell_back, f"{name}: {fused} chains fused, calls that ran the torch reference: {fell_back[:4]}"
     assert len(ran) >= fused, f"{name}: {fused} fused chains but {len(ran)} kernel calls built"

@@ -34,6 +34,7 @@ from torch.utils._pytree import tree_flatten
 for _library in ("torchvision", "timm", "ultralytics", "transformers"):
     pytest.importorskip(_library, reason=f"the zoo needs {_library}: `make test` installs it (Makefile, extra 'zoo')")
 
+from zoo_checks import one_thread  # noqa: E402
 from zoo_models import ZOO, ZooModel  # noqa: E402
 
 import fuser  # noqa: E402
@@ -71,13 +72,9 @@ def _mismatch(got: list[torch.Tensor], expected: list[torch.Tensor], what: str) 
 
 @functools.cache
 def _evaluate(name: str, exporter: str, folder: Path) -> dict[str, str | None]:
-    """The checks of one model, on one thread (as tests/zoo/zoo_checks.py does, for the same reason)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    """The checks of one model, on one thread (zoo_checks.one_thread)."""
+    with one_thread():
         return _checks(name, exporter, folder)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _export(model: torch.nn.Module, x: torch.Tensor, path: Path, exporter: str) -> None:

@@ -16,10 +16,12 @@ The checks per model (None: passed, else what failed):
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -76,15 +78,22 @@ def _numel(module: nn.Module) -> int:
     return sum(t.numel() for t in module.state_dict().values())
 
 
-def evaluate(zoo: ZooModel) -> dict[str, Any]:
-    """Build, optimize and check one zoo model on one thread (at batch 1-2 and these sizes two threads
-    contend more than they share: on a busy 2-core machine a model took 25x longer). JSON-ready figures."""
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one thread inside: at the zoo's batch sizes of 1-2 and its input sizes two threads contend more
+    than they share (on a busy 2-core machine a model took 25x longer)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _checks(zoo)
+        yield
     finally:
         torch.set_num_threads(threads)
+
+
+def evaluate(zoo: ZooModel) -> dict[str, Any]:
+    """Build, optimize and check one zoo model (on :func:`one_thread`). JSON-ready figures."""
+    with one_thread():
+        return _checks(zoo)
 
 
 def _checks(zoo: ZooModel) -> dict[str, Any]:
