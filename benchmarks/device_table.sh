@@ -21,14 +21,15 @@ stage() {
     timeout "$limit" "$@" >> "$LOG" 2>&1
     summary+=("$name rc=$? in $((SECONDS - start)) s")
 }
-rows() { python3 -m benchmarks.gpu_models --variants fuser+graphs --budget-s 100 --row-timeout-s 140 "$@"; }
-stage first 110 rows --rows yolov8n:32:float16 resnet50:32:float16 --tune off --out "$OUT/first"
-stage sweep 170 python3 -m benchmarks.conv_tile_sweep --only late --budget-s 140 --out "$OUT/sweep" \
+# timeout(1) runs programs, not shell functions: the rows command is an array
+rows=(python3 -m benchmarks.gpu_models --variants fuser+graphs --budget-s 100 --row-timeout-s 140)
+stage first 110 "${rows[@]}" --rows yolov8n:32:float16 resnet50:32:float16 --tune off --out "$OUT/first"
+[ "${SKIP_SWEEP:-0}" = 1 ] || stage sweep 170 python3 -m benchmarks.conv_tile_sweep --only late --budget-s 140 --out "$OUT/sweep" \
     --layers resnet50.layer2.3x3@28,resnet50.layer3.3x3@14 --regimes 32:float16,32:float32
-stage table 30 python3 -m benchmarks.tile_table --from-sweep "$OUT/sweep/conv-tile-sweep.json"
+[ "${SKIP_SWEEP:-0}" = 1 ] || stage table 30 python3 -m benchmarks.tile_table --from-sweep "$OUT/sweep/conv-tile-sweep.json"
 cp kernels/tile_table_sm90.json "$OUT/"
-stage after 60 rows --rows resnet50:32:float16 --tune off --out "$OUT/after"
-stage tuned 150 rows --rows resnet50:32:float16 --tune on --out "$OUT/tuned"
+stage after 60 "${rows[@]}" --rows resnet50:32:float16 --tune off --out "$OUT/after"
+stage tuned 150 "${rows[@]}" --rows resnet50:32:float16 --tune on --out "$OUT/tuned"
 rm -f "$OUT"/*/*.png  # at most 8 files come back; the JSONs hold the figures
 grep -E "^\| (yolov8n|resnet50)|^(yolov8n|resnet50)|kept|replaced|added" "$LOG" | tail -20
 printf '%s\n' "${summary[@]}"
