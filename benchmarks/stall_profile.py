@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -34,10 +35,12 @@ class Launched:
     tiles: list[str]
 
 
-def launches(layer: ConvLayer, dtype_name: str, batch: int, calls: int, interpret: bool = False) -> Launched:
-    """``calls`` launches of ``layer``'s fused conv -> BN -> SiLU (BN statistics randomized, folded in float64) on
-    a channels_last input; the tiles are each chosen plan's, as the autotune memory records it."""
-    from fuser.kernels import Activation, Epilogue, autotune, conv2d_act, pack_conv_weight
+def fused_layer(
+    layer: ConvLayer, dtype_name: str, batch: int, interpret: bool = False, act: str = "SILU"
+) -> tuple[Callable[[], torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(call, x, weight64, bias64)``: ``call()`` launches ``layer``'s fused conv -> BN -> ``act`` (an
+    :class:`Activation` name; BN statistics randomized, folded in float64) on the channels_last input ``x``."""
+    from fuser.kernels import Activation, Epilogue, conv2d_act, pack_conv_weight
 
     dtype, precision = DTYPES[dtype_name]
     device = "cpu" if interpret else "cuda"
@@ -47,11 +50,25 @@ def launches(layer: ConvLayer, dtype_name: str, batch: int, calls: int, interpre
     bias = b64.float()
     x = torch.randn(batch, layer.c_in, layer.size, layer.size, device=device).to(dtype)
     x = x.contiguous(memory_format=torch.channels_last)
+    epilogue = Epilogue(Activation[act])
+
+    def call() -> torch.Tensor:
+        with torch.no_grad():
+            return conv2d_act(x, packed, bias, stride=layer.stride, padding=layer.padding, epilogue=epilogue,
+                              interpret=interpret)  # fmt: skip
+
+    return call, x, w64, b64
+
+
+def launches(layer: ConvLayer, dtype_name: str, batch: int, calls: int, interpret: bool = False) -> Launched:
+    """``calls`` launches of ``layer``'s fused conv -> BN -> SiLU (:func:`fused_layer`); the tiles are each chosen
+    plan's, as the autotune memory records it."""
+    from fuser.kernels import autotune
+
+    call, x, w64, b64 = fused_layer(layer, dtype_name, batch, interpret)
     before = set(autotune._memory)
-    with torch.no_grad():
-        for _ in range(calls):
-            out = conv2d_act(x, packed, bias, stride=layer.stride, padding=layer.padding,
-                             epilogue=Epilogue(Activation.SILU), interpret=interpret)  # fmt: skip
+    for _ in range(calls):
+        out = call()
     if not interpret:
         torch.cuda.synchronize()
     tiles = [f"{key}: {choice.config}" for key, choice in autotune._memory.items() if key not in before]

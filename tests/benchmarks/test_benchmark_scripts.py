@@ -405,3 +405,55 @@ def test_the_profiled_launches_compute_the_layer(layer: str) -> None:
     run = stall_profile.launches(small, "fp32", batch=2, calls=2, interpret=True)
     ref = F.silu(F.conv2d(run.x.double(), run.weight64, run.bias64, row.stride, row.padding, 1, row.groups))
     assert run.out.shape == ref.shape and gpu_models.rel_error(run.out, ref) < TOLERANCE["tf32"]
+
+
+@pytest.mark.parametrize("act", ["NONE", "RELU"])
+def test_the_epilogue_cost_layers_apply_their_activation(act: str) -> None:
+    """benchmarks.epilogue_cost times stall_profile.fused_layer with each activation: the launch must apply the one
+    it is given (a layer that ignored it would time the same kernel three times and report no cost). A 17x17 stem
+    in the interpreter against the float64 block."""
+    import torch.nn.functional as F
+
+    from benchmarks import stall_profile
+    from fuser.verification import TOLERANCE
+
+    row = stall_profile.LAYERS["yolo 3->16 3x3 s2 @640"]
+    small = layers.ConvLayer(row.name, row.c_in, row.c_out, row.kernel, row.stride, 17, row.groups)
+    call, x, w64, b64 = stall_profile.fused_layer(small, "fp32", batch=3, interpret=True, act=act)
+    conv = F.conv2d(x.double(), w64, b64, row.stride, row.padding, 1, row.groups)
+    ref = conv.relu() if act == "RELU" else conv
+    assert (conv < 0).any(), "the check needs negative outputs, where ReLU differs"
+    assert gpu_models.rel_error(call(), ref) < TOLERANCE["tf32"]
+
+
+def test_the_epilogue_cost_table_reads_its_rows() -> None:
+    """The table printed last shows each activation's time in microseconds and the SiLU / none ratio; a failed row
+    shows its error."""
+    from benchmarks import epilogue_cost
+
+    ms = {"NONE": 0.2, "RELU": 0.21, "SILU": 0.25}
+    rows = [{"layer": "yolo 3->16 3x3 s2 @640", "dtype": "fp16", "ms": ms, "silu_over_none": 1.25},
+            {"layer": "resnet 512->512 3x3 @7", "dtype": "fp32", "error": "RuntimeError: boom"}]  # fmt: skip
+    lines = epilogue_cost.table(rows).splitlines()
+    assert lines[1].split()[-4:] == ["200.0", "210.0", "250.0", "1.250"]
+    assert "RuntimeError: boom" in lines[2]
+
+
+def test_stall_reasons_reads_a_raw_report(tmp_path: Path) -> None:
+    """benchmarks.stall_reasons picks the per-reason stall metrics out of ncu's raw CSV (a header row, a units row,
+    one row per kernel, numbers with thousands separators), largest first, and names a report that is not raw."""
+    from benchmarks import stall_reasons
+
+    metric = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+    header = ["ID", "Kernel Name", "gpu__time_duration.sum", metric.format("long_scoreboard"),
+              metric.format("barrier"), metric.format("math_pipe_throttle")]  # fmt: skip
+    units = ["", "", "ns", "ratio", "ratio", "ratio"]
+    data = ["0", "_conv2d_act_kernel", "68,064", "3.25", "0.5", "1,204.5"]
+    text = "==PROF== Connected\n" + "\n".join(",".join(f'"{v}"' for v in r) for r in (header, units, data))
+    (tmp_path / "raw.csv").write_text(text)
+    found = stall_reasons.stall_reasons(tmp_path / "raw.csv")
+    k = "_conv2d_act_kernel"
+    assert found == [(k, "math_pipe_throttle", 1204.5), (k, "long_scoreboard", 3.25), (k, "barrier", 0.5)]
+    (tmp_path / "details.csv").write_text('"0","2155","python3.12"\n')
+    with pytest.raises(ValueError, match="raw-page CSV header"):
+        stall_reasons.stall_reasons(tmp_path / "details.csv")
