@@ -41,15 +41,38 @@ ACT_HARDSIGMOID = tl.constexpr(int(Activation.HARDSIGMOID))
 ACT_MISH = tl.constexpr(int(Activation.MISH))
 
 
+# The exponential and the reciprocal of the activations, as single SFU instructions with subnormals flushed to zero.
+# ``tl.exp`` and ``/`` compile to ex2.approx.f32 and div.full.f32 (the same approximations), but without ftz each
+# gets range fix-ups around its MUFU instruction: SiLU took 12 instructions per output against these 5, and timed
+# 8-27% of a tensor-core conv's time at batch 32 (benchmarks/results/epilogue-cost-2026-12-04.json). Flushing costs
+# only results below 1.2e-38 in magnitude (sigmoid of x < -87 becomes 0 instead of about 1e-38). The interpreter
+# has no assembler: kernels/interpret.py runs these two strings as numpy.
+EX2_APPROX_FTZ = tl.constexpr("ex2.approx.ftz.f32 $0, $1;")
+RCP_APPROX_FTZ = tl.constexpr("rcp.approx.ftz.f32 $0, $1;")
+LOG2_E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _exp(x):
+    """e^x of a float32 tile: 2^(x log2 e) on the SFU, about 2 ulp from e^x where |x log2 e| stays small."""
+    return tl.inline_asm_elementwise(EX2_APPROX_FTZ, "=f,f", [x * LOG2_E], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _reciprocal(x):
+    """1 / x of a float32 tile on the SFU (1 ulp); 1 / inf = 0, as the activations below rely on."""
+    return tl.inline_asm_elementwise(RCP_APPROX_FTZ, "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1)
+
+
 @triton.jit
 def _sigmoid(x, alpha):
-    return 1.0 / (1.0 + tl.exp(-x))
+    return _reciprocal(1.0 + _exp(-x))
 
 
 @triton.jit
 def _tanh(x, alpha):
     # 1 - 2 / (exp(2x) + 1): saturates to +-1 without inf/inf (triton.language has no tanh builtin).
-    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+    return 1.0 - 2.0 * _reciprocal(_exp(2.0 * x) + 1.0)
 
 
 @triton.jit
@@ -101,9 +124,9 @@ def _gelu_tanh(x, alpha):
 def _mish(x, alpha):
     # tanh(softplus(x)) = n / (n + 2) with n = e^x (e^x + 2): no log, accurate for very negative x (where
     # log(1 + e^x) rounds to 0), and x itself past 20, where torch's softplus returns x and tanh is 1.
-    e = tl.exp(tl.minimum(x, 20.0))
+    e = _exp(tl.minimum(x, 20.0))
     n = e * (e + 2.0)
-    return tl.where(x > 20.0, x, x * (n / (n + 2.0)))
+    return tl.where(x > 20.0, x, x * (n * _reciprocal(n + 2.0)))
 
 
 @triton.jit

@@ -5,8 +5,9 @@ switched per call. ``InterpretedFunction(kernel.fn)`` interprets one kernel, but
 ``@triton.jit`` call inside it (our epilogue helpers, and ``tl.zeros`` / ``tl.sigmoid`` which are
 themselves jitted in ``triton.language.standard``) still goes to ``JITFunction.__call__``, which
 refuses to run outside a compiled kernel. While an interpreted grid runs we route such nested calls
-to the interpreter too, and put ``JITFunction.__call__`` back afterwards. The patch is global to the
-process, so a lock makes interpreted launches one at a time.
+to the interpreter too, and put ``JITFunction.__call__`` back afterwards. The interpreter has no assembler
+either: the kernels' few inline PTX instructions (the epilogue's exponential and reciprocal) run as numpy.
+The patches are global to the process, so a lock makes interpreted launches one at a time.
 
 Works with the interpreter API of triton 3.6 and 3.9 (checked on both): ``_patch_lang`` returns a
 restorable scope there, and 3.6 needs one more fix under numpy >= 2.5 (see ``_patch_lang_numpy2``).
@@ -18,6 +19,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import triton.language as tl
 from triton.runtime import interpreter
 from triton.runtime.jit import JITFunction
@@ -47,6 +49,33 @@ def _patch_lang_numpy2(fn: Any) -> Any:
 _original_patch_lang = interpreter._patch_lang
 
 
+class _AsmResult(interpreter.TensorHandle):
+    """The interpreter's stand-in for an inline-asm op: ``tl.inline_asm_elementwise`` asks it for result 0."""
+
+    def get_result(self, index: int) -> interpreter.TensorHandle:
+        if index != 0:
+            raise NotImplementedError("emulated inline PTX has one result")
+        return self
+
+
+def _emulated_ptx() -> dict[str, Callable[..., np.ndarray]]:
+    """The inline PTX of the kernels (kernels/epilogue.py), as numpy on float32 arrays."""
+    from .epilogue import EX2_APPROX_FTZ, RCP_APPROX_FTZ
+
+    return {EX2_APPROX_FTZ.value: np.exp2, RCP_APPROX_FTZ.value: np.reciprocal}
+
+
+def _emulated_inline_asm(asm: str, constraints: str, values: list, types: Any, is_pure: bool, pack: int) -> Any:
+    """``create_inline_asm`` of the interpreter's builder, which refuses all inline asm: the PTX strings that
+    :func:`_emulated_ptx` knows run as numpy (float32 in, float32 out), any other is named in the error."""
+    op = _emulated_ptx().get(asm)
+    if op is None:
+        raise NotImplementedError(f"inline asm {asm!r} has no interpreter emulation (kernels/interpret.py)")
+    with np.errstate(over="ignore", divide="ignore"):
+        data = op(*(v.data.astype(np.float32) for v in values)).astype(np.float32)
+    return _AsmResult(data, tl.float32)
+
+
 def run_interpreted(
     kernel: JITFunction,
     grid: Sequence[int] | Callable[[dict[str, Any]], Sequence[int]],
@@ -61,8 +90,10 @@ def run_interpreted(
         original_call = JITFunction.__call__
         JITFunction.__call__ = _interpret_nested_call
         interpreter._patch_lang = _patch_lang_numpy2
+        interpreter.interpreter_builder.create_inline_asm = _emulated_inline_asm
         try:
             interpreter.InterpretedFunction(kernel.fn)[tuple(grid) if not callable(grid) else grid](*args, **kwargs)
         finally:
             JITFunction.__call__ = original_call
             interpreter._patch_lang = _original_patch_lang
+            del interpreter.interpreter_builder.create_inline_asm
