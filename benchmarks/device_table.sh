@@ -10,17 +10,9 @@
 # Results land in $OUT (at most 8 files come back): first/, sweep/, after/, tuned/, the table and the log.
 # The stages' limits add up to 520 s, inside the device's 600 s per command with the set-up.
 set -uo pipefail
-source benchmarks/device_setup.sh
+OUT=${OUT:-/tmp/out}
 LOG="$OUT/table.log"
-summary=()
-stage() {
-    local name=$1 limit=$2
-    shift 2
-    local start=$SECONDS
-    echo "===== $name (limit ${limit} s): $*" | tee -a "$LOG"
-    timeout "$limit" "$@" >> "$LOG" 2>&1
-    summary+=("$name rc=$? in $((SECONDS - start)) s")
-}
+source benchmarks/device_setup.sh  # also defines stage()
 # timeout(1) runs programs, not shell functions: the rows command is an array
 rows=(python3 -m benchmarks.gpu_models --variants fuser+graphs --budget-s 100 --row-timeout-s 140)
 stage first 110 "${rows[@]}" --rows yolov8n:32:float16 resnet50:32:float16 --tune off --out "$OUT/first"
