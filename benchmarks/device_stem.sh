@@ -10,17 +10,9 @@
 # 4. The stem rows of the layer benchmark on the rebuilt table, beside cuDNN and torch.compile in the same run.
 # The stages' limits add up to 560 s.
 set -uo pipefail
-source benchmarks/device_setup.sh
+OUT=${OUT:-/tmp/out}
 LOG="$OUT/stem.log"
-summary=()
-stage() {
-    local name=$1 limit=$2
-    shift 2
-    local start=$SECONDS
-    echo "===== $name (limit ${limit} s): $*" | tee -a "$LOG"
-    timeout "$limit" "$@" >> "$LOG" 2>&1
-    summary+=("$name rc=$? in $((SECONDS - start)) s")
-}
+source benchmarks/device_setup.sh  # also defines stage()
 stage tests 280 python3 -m pytest tests/kernels -m gpu -n 16 -q -p no:cacheprovider
 stage sweep 130 python3 -m benchmarks.conv_tile_sweep --only rgb --budget-s 110 --out "$OUT/sweep" \
     --regimes 32:float16,32:float32,1:float16,1:float32
