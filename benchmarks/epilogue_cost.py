@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.layers import bench_all
-from benchmarks.stall_profile import LAYERS, fused_layer
+from benchmarks.stall_profile import LAYERS, first_call_tiles, fused_layer
 
 DEFAULT_LAYERS = (
     "yolo 3->16 3x3 s2 @640",
@@ -37,15 +37,11 @@ ACTS = ("NONE", "RELU", "SILU")
 
 def measure(name: str, dtype_name: str, batch: int) -> dict:
     """One row: ``name``'s fused layer with each of :data:`ACTS`, timed interleaved (:func:`bench_all`)."""
-    from fuser.kernels import autotune
-
     calls, tiles = {}, {}
     for act in ACTS:
         torch.manual_seed(0)  # the same weights and input for every activation
         call, *_ = fused_layer(LAYERS[name], dtype_name, batch, act=act)
-        before = set(autotune._memory)
-        call()
-        tiles[act] = [str(choice.config) for key, choice in autotune._memory.items() if key not in before]
+        tiles[act] = [str(config) for _, config in first_call_tiles(call)[1]]
         calls[act] = call
     ms = bench_all(calls, rounds=3)
     return {

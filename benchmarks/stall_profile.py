@@ -63,16 +63,22 @@ def fused_layer(
 def launches(layer: ConvLayer, dtype_name: str, batch: int, calls: int, interpret: bool = False) -> Launched:
     """``calls`` launches of ``layer``'s fused conv -> BN -> SiLU (:func:`fused_layer`); the tiles are each chosen
     plan's, as the autotune memory records it."""
-    from fuser.kernels import autotune
-
     call, x, w64, b64 = fused_layer(layer, dtype_name, batch, interpret)
-    before = set(autotune._memory)
-    for _ in range(calls):
+    out, chosen = first_call_tiles(call)
+    for _ in range(calls - 1):
         out = call()
     if not interpret:
         torch.cuda.synchronize()
-    tiles = [f"{key}: {choice.config}" for key, choice in autotune._memory.items() if key not in before]
-    return Launched(x, w64, b64, out, tiles)
+    return Launched(x, w64, b64, out, [f"{key}: {config}" for key, config in chosen])
+
+
+def first_call_tiles(call: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, list[tuple[str, object]]]:
+    """``call()``'s output and the ``(key, tile config)`` of each plan it chose (the autotune memory's new entries)."""
+    from fuser.kernels import autotune
+
+    before = set(autotune._memory)
+    out = call()
+    return out, [(key, choice.config) for key, choice in autotune._memory.items() if key not in before]
 
 
 def main() -> None:

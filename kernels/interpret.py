@@ -24,6 +24,8 @@ import triton.language as tl
 from triton.runtime import interpreter
 from triton.runtime.jit import JITFunction
 
+from .epilogue import EX2_APPROX_FTZ, RCP_APPROX_FTZ
+
 _LOCK = threading.RLock()
 
 
@@ -58,17 +60,17 @@ class _AsmResult(interpreter.TensorHandle):
         return self
 
 
-def _emulated_ptx() -> dict[str, Callable[..., np.ndarray]]:
-    """The inline PTX of the kernels (kernels/epilogue.py), as numpy on float32 arrays."""
-    from .epilogue import EX2_APPROX_FTZ, RCP_APPROX_FTZ
-
-    return {EX2_APPROX_FTZ.value: np.exp2, RCP_APPROX_FTZ.value: np.reciprocal}
+# The inline PTX of the kernels (kernels/epilogue.py), as numpy on float32 arrays.
+_EMULATED_PTX: dict[str, Callable[..., np.ndarray]] = {
+    EX2_APPROX_FTZ.value: np.exp2,
+    RCP_APPROX_FTZ.value: np.reciprocal,
+}
 
 
 def _emulated_inline_asm(asm: str, constraints: str, values: list, types: Any, is_pure: bool, pack: int) -> Any:
-    """``create_inline_asm`` of the interpreter's builder, which refuses all inline asm: the PTX strings that
-    :func:`_emulated_ptx` knows run as numpy (float32 in, float32 out), any other is named in the error."""
-    op = _emulated_ptx().get(asm)
+    """``create_inline_asm`` of the interpreter's builder, which refuses all inline asm: the PTX strings of
+    :data:`_EMULATED_PTX` run as numpy (float32 in, float32 out), any other is named in the error."""
+    op = _EMULATED_PTX.get(asm)
     if op is None:
         raise NotImplementedError(f"inline asm {asm!r} has no interpreter emulation (kernels/interpret.py)")
     with np.errstate(over="ignore", divide="ignore"):
