@@ -20,8 +20,10 @@ Four groups of layers (the first two from benchmarks/kernel_timeline.py, H200, u
   not rank (results/gpu-models-2026-12-03g-tuned.json: the table's runs measured only the stride-2 conv of the
   same GEMM shape). Each runs over its candidates plus split-K variants of the larger tiles, a 64-wide TF32 K step,
   256-row tiles at 64 channels, and box tiles on the stride-2 layer.
-- ``rgb``: YOLOv8n's RGB stem (3->16 stride 2 @640) through the direct kernel on larger and smaller programs,
-  and through the implicit GEMM in both reduction orders (results/conv-tile-sweep-2026-12-03f.json).
+- ``rgb``: YOLOv8n's RGB stem (3->16 stride 2 @640) through the direct kernel on larger and smaller programs
+  (its [channels, pixels] accumulator: 1 to 8 pixels per lane). The implicit GEMM's two reduction orders ran
+  here too until results/conv-tile-sweep-2026-12-03f.json found them 1.7x slower; the direct kernel's packed
+  layout is its own since, so the stem no longer reroutes.
 
 Timings replay a CUDA graph (fuser.kernels.autotune.do_bench_ms); ``cudnn_ms`` is what torch.compile runs
 for such a block: cuDNN's conv on the folded weights (channels_last), then the activation. Writes
@@ -93,12 +95,13 @@ def extra_tiles(c_in: int, c_out: int, k: int = 1, stride: int = 1, elem: int = 
 
 
 def direct_tiles(c_out: int) -> list[Any]:
-    """The direct kernel (the RGB stem) on larger and smaller programs than its candidates: 64-1024 rows,
-    2-8 warps."""
+    """The direct kernel (the RGB stem) on programs beside its candidates: 1, 2 and 8 pixels per lane for 16
+    channels (``rows / (32 * warps)``), 2-8 warps."""
     from fuser.kernels.autotune import TileConfig
+    from fuser.kernels.packing import direct_block_n
 
-    bn = min(64, max(16, 1 << (c_out - 1).bit_length()))
-    return [TileConfig(bm, bn, 1, 1, w, 1) for bm, w in ((512, 4), (512, 8), (1024, 8), (128, 2), (256, 2), (64, 2))]
+    bn = direct_block_n(c_out)
+    return [TileConfig(bm, bn, 1, 1, w, 1) for bm, w in ((128, 4), (128, 2), (1024, 4), (2048, 8), (512, 8), (64, 2))]
 
 
 def long_k_tiles(c_in: int, c_out: int, stride: int, elem: int) -> list[Any]:
@@ -159,8 +162,6 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
     shipped = (conv_choice.ROW_RUN_MIN, conv_choice.MAX_DIRECT_TAPS)
     if name in {n for n, *_ in LAYERS["stem"]}:
         orders = {"rows": shipped, "flat": (10**9, shipped[1])}
-    elif name in {n for n, *_ in LAYERS["rgb"]}:  # the direct kernel, and the implicit GEMM in both orders
-        orders = {"": shipped, "rows": (shipped[0], 0), "flat": (10**9, 0)}
     else:
         orders = {"": shipped}
 

@@ -4,7 +4,12 @@ GEMM layout (convolutions and linear layers): ``[C_out, K_pad]`` with ``K = KH *
 ordered ``(kh, kw, c)`` and contiguous, zero-padded to a multiple of 16 elements. The padding makes
 every row start 16-byte aligned, which tensor descriptors (TMA) require, and the zeros add nothing to
 a dot. Depthwise layout (``groups == C_in == C_out > 1``): ``[KH * KW, C]``, channels contiguous, so a
-tile of channels at one tap is one vector load.
+tile of channels at one tap is one vector load. Direct layout (the few-channel convs of direct_conv.py, the RGB
+stem): float32 ``[groups * K, columns]``, row ``g * K + k`` holding the output channels of group ``g`` for
+reduction index ``k`` (ordered ``(kh, kw, c)``), zero-padded to :func:`direct_columns`: each filter tap's
+weights for a tile of channels are one unmasked vector load that every lane shares, and the kernel multiplies
+on the FMA units in float32 (bf16 / fp16 policies round the values to their dtype first; nothing is rounded to
+TF32, since no tensor core reads them).
 
 Under "tf32" a dot whose activation operand reaches the tensor cores unrounded (they truncate it) gets its
 weights multiplied, per input channel, by ``input_gain`` before they are rounded (see
@@ -26,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .conv_choice import conv_kernel, is_depthwise
+from .conv_choice import ConvKernel, conv_kernel, is_depthwise
 from .precision import Precision, round_to_tf32
 
 K_ALIGN = 16  # elements: 64 bytes in float32, 32 bytes in 16-bit, both multiples of TMA's 16
@@ -35,6 +40,17 @@ K_ALIGN = 16  # elements: 64 bytes in float32, 32 bytes in 16-bit, both multiple
 def operand_dtype(precision: Precision) -> torch.dtype:
     """The dtype a dot's operands have under ``precision``."""
     return precision.operand_dtype or torch.float32
+
+
+def direct_block_n(c_out_g: int) -> int:
+    """The channel tile of the direct kernel: the group's output channels rounded up to a power of two, 16 to 64."""
+    return min(64, max(16, 1 << max(0, c_out_g - 1).bit_length()))
+
+
+def direct_columns(c_out_g: int) -> int:
+    """Columns of the direct layout: ``c_out_g`` rounded up to whole channel tiles (:func:`direct_block_n`)."""
+    block = direct_block_n(c_out_g)
+    return -(-c_out_g // block) * block
 
 
 def padded_k(k: int) -> int:
@@ -46,8 +62,9 @@ def padded_k(k: int) -> int:
 class PackedConvWeight:
     """A convolution weight packed for :func:`fuser.kernels.conv2d_act`.
 
-    ``data`` is ``[C_out, K_pad]`` (GEMM layout) or ``[KH * KW, C]`` (depthwise layout, see the module
-    docstring), in the precision's operand dtype.
+    ``data`` is ``[C_out, K_pad]`` (GEMM layout) or ``[KH * KW, C]`` (depthwise layout) in the precision's
+    operand dtype, or float32 ``[groups * K, direct_columns(C_out / groups)]`` (direct layout); see the module
+    docstring.
     """
 
     data: torch.Tensor
@@ -60,6 +77,11 @@ class PackedConvWeight:
     @property
     def depthwise(self) -> bool:
         return is_depthwise(self.in_channels, self.out_channels, self.groups)
+
+    @property
+    def direct(self) -> bool:
+        """True where the direct kernel (few input channels per group, FMA units) runs this conv."""
+        return conv_kernel(self.in_channels, self.out_channels, self.groups, self.kernel_size) == ConvKernel.DIRECT
 
     @property
     def k_total(self) -> int:
@@ -92,9 +114,13 @@ class PackedConvWeight:
     def _check(self) -> None:
         _check_groups(self.in_channels, self.out_channels, self.groups)
         kh, kw = self.kernel_size
-        gemm_layout = (self.out_channels, padded_k(self.k_total))
-        expected = (kh * kw, self.out_channels) if self.depthwise else gemm_layout
-        dtype = operand_dtype(self.precision)
+        if self.depthwise:
+            expected, dtype = (kh * kw, self.out_channels), operand_dtype(self.precision)
+        elif self.direct:
+            expected = (self.groups * self.k_total, direct_columns(self.out_channels // self.groups))
+            dtype = torch.float32
+        else:
+            expected, dtype = (self.out_channels, padded_k(self.k_total)), operand_dtype(self.precision)
         if tuple(self.data.shape) != expected or self.data.dtype != dtype or not self.data.is_contiguous():
             raise ValueError(
                 f"packed conv weight data is {tuple(self.data.shape)} {self.data.dtype}"
@@ -174,17 +200,28 @@ def pack_conv_weight(
     _check_groups(in_channels, c_out, groups)
     dtype = operand_dtype(precision)
     w = weight.detach()
+    kernel = conv_kernel(in_channels, c_out, groups, (kh, kw))
     if is_depthwise(in_channels, c_out, groups):
         data = w.reshape(c_out, kh * kw).t().to(dtype).contiguous()
+    elif kernel == ConvKernel.DIRECT:
+        data = _direct_layout(w, groups, dtype)
     else:
         flat = w.permute(0, 2, 3, 1).reshape(c_out, kh * kw * c_in_g)
-        # the direct kernel (few input channels) multiplies on the FMA units: its weights stay exact
-        kernel = conv_kernel(in_channels, c_out, groups, (kh, kw))
         tensor_cores = kernel is not None and kernel.tensor_cores
         if input_gain is not None and tensor_cores and precision == Precision.TF32:
             flat = scale_input_channels(w, input_gain, groups).permute(0, 2, 3, 1).reshape(c_out, kh * kw * c_in_g)
         data = _pad_k(flat, precision, tensor_cores=tensor_cores)
     return PackedConvWeight(data, int(c_out), int(in_channels), (int(kh), int(kw)), int(groups), precision)
+
+
+def _direct_layout(w: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
+    """``w [C_out, C_in / groups, KH, KW]`` in the direct layout: rounded to the operand ``dtype``, held in float32
+    (the kernel's FMAs are float32; the values stay exact), ``[groups * K, direct_columns(C_out / groups)]``."""
+    c_out, c_in_g, kh, kw = w.shape
+    c_out_g = c_out // groups
+    per_group = w.to(dtype).float().reshape(groups, c_out_g, c_in_g, kh, kw)
+    rows = per_group.permute(0, 3, 4, 2, 1).reshape(groups * kh * kw * c_in_g, c_out_g)  # (g, kh, kw, c) x channel
+    return F.pad(rows, (0, direct_columns(c_out_g) - c_out_g)).contiguous()
 
 
 def pack_gemm_weight(

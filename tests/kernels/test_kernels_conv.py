@@ -210,6 +210,36 @@ def test_packed_weight_roundtrip() -> None:
         PackedConvWeight.from_parts(packed.data.float(), 8, 5, 3, 3, 1, "fp16")
 
 
+def test_direct_weight_layout() -> None:
+    """The direct kernel's packed weight: float32 rows ``(group, kh, kw, c)`` of the group's output channels, the
+    values rounded to the operand dtype, zero columns up to whole channel tiles; refused in the GEMM layout."""
+    w = torch.randn(10, 3, 3, 2)  # 2 groups of 5 output channels, 3 input channels each
+    packed = pack_conv_weight(w, "fp16", groups=2)
+    assert packed.data.shape == (2 * 3 * 2 * 3, 16) and packed.data.dtype == torch.float32
+    g, kh, kw, c, n = 1, 2, 1, 0, 3
+    assert packed.data[g * 18 + (kh * 2 + kw) * 3 + c, n] == w[g * 5 + n, c, kh, kw].half().float()
+    assert not packed.data[:, 5:].any() and packed.data[:, :5].all()
+    assert PackedConvWeight.from_parts(packed.data, 10, 6, 3, 2, 2, "fp16") == packed
+    gemm_layout = torch.zeros(10, 32, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"expected contiguous \(36, 16\) torch.float32"):
+        PackedConvWeight.from_parts(gemm_layout, 10, 6, 3, 2, 2, "fp16")
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_direct_kernel_rounds_float32_pixels_to_the_operand_dtype(precision: str) -> None:
+    """Under a 16-bit policy on a float32 input the direct kernel multiplies the pixels rounded to that dtype, as the
+    GEMM kernels do (its weights come rounded from packing): exactly the float64 conv of the rounded operands, where
+    unrounded pixels would be off by about 2^-9 (fp16) or 2^-7 (bf16) relative."""
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 3, 11, 13, generator=gen)
+    w = torch.randn(7, 3, 3, 3, generator=gen)
+    out = conv2d_act(x, pack_conv_weight(w, precision), stride=(2, 2), padding=1, interpret=True)
+    ref = torch.nn.functional.conv2d(x.to(dtype).double(), w.to(dtype).double(), stride=2, padding=1)
+    assert rel_error(out, ref) < 1e-6
+    assert rel_error(torch.nn.functional.conv2d(x.double(), w.to(dtype).double(), stride=2, padding=1), ref) > 1e-4
+
+
 def test_supported() -> None:
     assert conv2d_supported(19, 21, 1)
     assert conv2d_supported(32, 32, 32)  # depthwise
