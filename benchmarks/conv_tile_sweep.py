@@ -2,7 +2,7 @@
 against float64: the layers the whole-model timelines named as the slowest for their bytes.
 
     python -m benchmarks.conv_tile_sweep --out DIR [--budget-s 200] [--only stem,narrow,late,rgb] [--layers NAME,...]
-        [--regimes 32:float16,1:float32,32:float32]
+        [--regimes 32:float16,1:float32,32:float32,1:float16]
 
 Four groups of layers (the first two from benchmarks/kernel_timeline.py, H200, untuned, batch 32 fp16):
 
@@ -20,10 +20,11 @@ Four groups of layers (the first two from benchmarks/kernel_timeline.py, H200, u
   not rank (results/gpu-models-2026-12-03g-tuned.json: the table's runs measured only the stride-2 conv of the
   same GEMM shape). Each runs over its candidates plus split-K variants of the larger tiles, a 64-wide TF32 K step,
   256-row tiles at 64 channels, and box tiles on the stride-2 layer.
-- ``rgb``: YOLOv8n's RGB stem (3->16 stride 2 @640) through the direct kernel on larger and smaller programs
-  (its [channels, pixels] accumulator: 1 to 8 pixels per lane). The implicit GEMM's two reduction orders ran
-  here too until results/conv-tile-sweep-2026-12-03f.json found them 1.7x slower; the direct kernel's packed
-  layout is its own since, so the stem no longer reroutes.
+- ``rgb``: the RGB stems of YOLOv8n (3->16 stride 2 @640), EfficientNet-B0 (3->32 @224) and MobileNetV3 (3->16
+  @224) through the direct kernel on larger and smaller programs (its [channels, pixels] accumulator: 1 to 8
+  pixels per lane). The implicit GEMM's two reduction orders ran here too until
+  results/conv-tile-sweep-2026-12-03f.json found them 1.7x slower; the direct kernel's packed layout is its own
+  since, so the stem no longer reroutes. ``cache_entries`` hands these rows to the table as the direct kernel's.
 
 Timings replay a CUDA graph (fuser.kernels.autotune.do_bench_ms); ``cudnn_ms`` is what torch.compile runs
 for such a block: cuDNN's conv on the folded weights (channels_last), then the activation. Writes
@@ -69,10 +70,12 @@ LAYERS: dict[str, list[tuple[str, int, int, int, int, int, int, bool, str]]] = {
     ],
     "rgb": [
         ("yolov8.stem", 3, 16, 3, 2, 1, 640, False, "silu"),
+        ("effnet_b0.stem", 3, 32, 3, 2, 1, 224, False, "silu"),
+        ("mobilenet_v3.stem", 3, 16, 3, 2, 1, 224, False, "hardswish"),
     ],
 }
 REGIMES = {"32:float16": (32, "float16", "fp16"), "1:float32": (1, "float32", "tf32"),
-           "32:float32": (32, "float32", "tf32")}  # fmt: skip
+           "32:float32": (32, "float32", "tf32"), "1:float16": (1, "float16", "fp16")}  # fmt: skip
 
 
 def extra_tiles(c_in: int, c_out: int, k: int = 1, stride: int = 1, elem: int = 2) -> list[Any]:
@@ -146,8 +149,8 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
     w64 = torch.randn(c_out, c_in, k, k, generator=gen, dtype=torch.float64) / (c_in * k * k) ** 0.5
     b64 = torch.randn(c_out, generator=gen, dtype=torch.float64)
     s64 = torch.rand(batch, c_in, 1, 1, generator=gen, dtype=torch.float64) + 0.5 if scaled else None
-    torch_act = {"relu": F.relu, "silu": F.silu, "none": lambda t: t}[act]
-    epilogue = Epilogue(act={"relu": Activation.RELU, "silu": Activation.SILU, "none": Activation.NONE}[act])
+    torch_act = {"relu": F.relu, "silu": F.silu, "hardswish": F.hardswish, "none": lambda t: t}[act]
+    epilogue = Epilogue(act=Activation[act.upper()])
     ref = torch_act(F.conv2d(x64 * s64 if scaled else x64, w64, b64, stride, pad))
     x = x64.to("cuda", dtype).contiguous(memory_format=torch.channels_last)
     scale = s64.to("cuda", dtype) if scaled else None
@@ -223,7 +226,7 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
 LABEL = re.compile(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)(?:k(\d+))?(?:b(\d+))?(?:sk(\d+))?(t)?")
 
 
-def cache_entries(result: dict[str, Any], groups: tuple[str, ...] = ("late",)) -> list[dict[str, Any]]:
+def cache_entries(result: dict[str, Any], groups: tuple[str, ...] = ("late", "rgb")) -> list[dict[str, Any]]:
     """The rows of a ``conv-tile-sweep.json`` of the layer ``groups`` as autotune cache entries (kernel, problem,
     every forced config's time), which ``fuser.kernels.tile_table.build_table`` ranks: what ``benchmarks.tile_table
     --from-sweep`` adds to the shipped table. A config that failed to run, or whose output was beyond the
@@ -242,7 +245,8 @@ def cache_entries(result: dict[str, Any], groups: tuple[str, ...] = ("late",)) -
             continue
         _, c_in, c_out, k, stride, pad, size, _, _ = layers[row["layer"]]
         kernel = conv_kernel(c_in, c_out, 1, (k, k), (stride, stride), pad)
-        name = "gemm_act" if kernel == ConvKernel.GEMM_1X1 else "conv2d_act"
+        name = {ConvKernel.GEMM_1X1: "gemm_act", ConvKernel.DIRECT: "direct_conv_act"}.get(kernel, "conv2d_act")
+        group_m = 1 if kernel == ConvKernel.DIRECT else 8  # as direct_candidates / the GEMM candidates list them
         oh = (size + 2 * pad - k) // stride + 1
         prec, elem = precision[row["dtype"]], getattr(torch, row["dtype"]).itemsize
         timings = []
@@ -251,7 +255,7 @@ def cache_entries(result: dict[str, Any], groups: tuple[str, ...] = ("late",)) -
             if match is None or (match[9] and "bordered_copy_ms" not in row):
                 continue
             bm, bn, bk, warps, stages, split, box, stream = (int(g) if g else 0 for g in match.groups()[:8])
-            config = TileConfig(bm, bn, bk, 8, warps, stages, split or 1, box, stream, tap_shift=int(bool(match[9])))
+            config = TileConfig(bm, bn, bk, group_m, warps, stages, split or 1, box, stream, tap_shift=int(bool(match[9])))
             right = measured.get("rel_error") is not None and measured["rel_error"] < TOLERANCE[prec]
             timings.append([asdict(config), measured.get("ms") if right else None])
         problem = {"m": row["batch"] * oh * oh, "n": c_out, "k": c_in * k * k, "groups": 1, "operand_bytes": elem,

@@ -353,6 +353,32 @@ def test_sweeps_enter_the_table_as_measured_and_only_where_they_measured_every_s
     assert merge_sweeps(table, [stride2])[1] == [f"{other}: kept (the table also measured [[204800, 80, 576, 1]])"]
 
 
+def test_stem_sweeps_enter_the_table_as_the_direct_kernels_choices(tmp_path: Path) -> None:
+    """An RGB stem's row ranks the direct kernel's class, in configs its candidate list holds (group_m 1), so that
+    the table's lookup returns the measured best for the stem at batch 32 in tf32."""
+    from benchmarks.tile_table import merge_sweeps
+    from fuser.kernels import tile_table
+    from fuser.kernels.autotune import Problem
+    from fuser.kernels.direct_conv import direct_candidates
+
+    sweep = _sweep({"256x16x1w4s1": 0.195, "128x16x1w2s1": 0.171, "512x16x1w4s1": None}, "yolov8.stem", "float32")
+    (tmp_path / "rgb.json").write_text(json.dumps(sweep))
+    table = {"arch": "sm90", "source": {"date": "then"}, "entries": {}}
+    merged, done = merge_sweeps(table, [tmp_path / "rgb.json"])
+    stem = "direct_conv_act|tf32|b4|m4194304|n16|k32|g1"
+    assert done == [f"{stem}: added"]
+    ranked = merged["entries"][stem]["ranked"]
+    assert [(r["config"]["block_m"], r["config"]["num_warps"]) for r in ranked] == [(128, 2), (256, 4)]
+    assert merged["entries"][stem]["shapes"] == [[32 * 320 * 320, 16, 27, 1]]
+    tile_table._loaded[tile_table.table_path("sm90")] = merged["entries"]
+    try:
+        problem = Problem(32 * 320 * 320, 16, 27, 1, 4, "tf32")
+        chosen = tile_table.lookup("sm90", "direct_conv_act", problem, direct_candidates(16))
+    finally:
+        tile_table._loaded.clear()
+    assert chosen is not None and (chosen.block_m, chosen.num_warps, chosen.group_m) == (128, 2, 1)
+
+
 def test_shifted_taps_enter_the_table_only_from_sweeps_of_the_bordered_input(tmp_path: Path) -> None:
     """A 't' label is a shifted tile over the zero-bordered input where the row records ``bordered_copy_ms``
     (conv_tile_sweep since 2026-12-03d), and the masked kind, which is left out, where it does not."""
