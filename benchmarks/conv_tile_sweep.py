@@ -255,7 +255,8 @@ def cache_entries(result: dict[str, Any], groups: tuple[str, ...] = ("late", "rg
             if match is None or (match[9] and "bordered_copy_ms" not in row):
                 continue
             bm, bn, bk, warps, stages, split, box, stream = (int(g) if g else 0 for g in match.groups()[:8])
-            config = TileConfig(bm, bn, bk, group_m, warps, stages, split or 1, box, stream, tap_shift=int(bool(match[9])))
+            shift = int(bool(match[9]))
+            config = TileConfig(bm, bn, bk, group_m, warps, stages, split or 1, box, stream, shift)
             right = measured.get("rel_error") is not None and measured["rel_error"] < TOLERANCE[prec]
             timings.append([asdict(config), measured.get("ms") if right else None])
         problem = {"m": row["batch"] * oh * oh, "n": c_out, "k": c_in * k * k, "groups": 1, "operand_bytes": elem,
