@@ -5,19 +5,11 @@
 # (JSON, the demo's plot) land in $OUT. Print a short summary last. STAGES picks stages (default: all four),
 # the *_S variables their time limits, GPU_TEST_ARGS what pytest runs (default: every GPU test).
 set -uo pipefail
-source benchmarks/device_setup.sh > "$OUT/all.log" 2>&1
+OUT=${OUT:-/tmp/out}
 LOG="$OUT/all.log"
+mkdir -p "$OUT"
+source benchmarks/device_setup.sh > "$LOG" 2>&1  # also defines stage(), which appends to $LOG
 export FUSER_CACHE_DIR="$PWD/.fuser_autotune"
-summary=()
-stage() {
-    local name=$1 limit=$2
-    shift 2
-    local start=$SECONDS
-    echo "===== $name (limit ${limit} s): $*" >> "$LOG"
-    timeout "$limit" "$@" >> "$LOG" 2>&1
-    local rc=$?
-    summary+=("$name rc=$rc in $((SECONDS - start)) s")
-}
 want() { [[ " ${STAGES:-tests models demo layers} " == *" $1 "* ]]; }
 want tests && stage gpu_tests "${GPU_TEST_S:-230}" python3 -m pytest -m gpu -n 12 -v -p no:cacheprovider -rf --durations=12 ${GPU_TEST_ARGS:-tests}
 want models && stage gpu_models "${MODELS_S:-180}" python3 -m benchmarks.gpu_models --out "$OUT" \
