@@ -140,9 +140,10 @@ INTERPRET_CONFIG = TileConfig(128, 16, 1, 1, 4, 1)
 
 def direct_candidates(c_out_g: int) -> list[TileConfig]:
     """Programs of 32 accumulators per lane (2 pixels of 16 channels, 1 of 32; 1 pixel of 64 holds 64), on 2, 4 and
-    8 warps, then 4 pixels of 16 channels. On the YOLOv8n stem at batch 32 (results/conv-tile-sweep-2026-12-04-stem
-    .json) 2 pixels per lane ran in 152 us (fp16) and 171 us (tf32), 4 pixels in 179 and 196 us, 1 pixel in 215 and
-    238 us; smaller programs come first, as they also fill the SMs at batch 1."""
+    8 warps, then 4 pixels of 16 channels. On the YOLOv8n stem at batch 32
+    (benchmarks/results/conv-tile-sweep-2026-12-04-stem.json) 2 pixels per lane ran in 152 us (fp16) and 171 us
+    (tf32), 4 pixels in 179 and 196 us, 1 pixel in 215 and 238 us; smaller programs come first, as they also fill
+    the SMs at batch 1."""
     bn = direct_block_n(c_out_g)
     pixels = max(1, 32 // bn)  # per lane
     return [
