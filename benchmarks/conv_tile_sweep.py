@@ -19,7 +19,8 @@ Four groups of layers (the first two from benchmarks/kernel_timeline.py, H200, u
   ResNet-50's stride-1 3x3 convs at 28x28 and 14x14, where tuning chose shifted taps that the shipped table does
   not rank (results/gpu-models-2026-12-03g-tuned.json: the table's runs measured only the stride-2 conv of the
   same GEMM shape). Each runs over its candidates plus split-K variants of the larger tiles, a 64-wide TF32 K step,
-  256-row tiles at 64 channels, and box tiles on the stride-2 layer.
+  256-row tiles at 64 channels, box tiles on the stride-2 layer, and every whole candidate on a persistent grid
+  of 1-3 programs per SM (TileConfig.persistent; so do the implicit-GEMM layers of the other groups).
 - ``rgb``: the RGB stems of YOLOv8n (3->16 stride 2 @640), EfficientNet-B0 (3->32 @224) and MobileNetV3 (3->16
   @224) through the direct kernel on larger and smaller programs (its [channels, pixels] accumulator: 1 to 8
   pixels per lane). The implicit GEMM's two reduction orders ran here too until
@@ -39,7 +40,7 @@ import json
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +137,13 @@ def long_k_tiles(c_in: int, c_out: int, stride: int, elem: int) -> list[Any]:
     return out
 
 
+def persistent_twins(candidates: list[Any], per_sm: tuple[int, ...] = (1, 2, 3)) -> list[Any]:
+    """The whole tiles among ``candidates`` on persistent grids of ``per_sm`` programs per SM (labels ending in
+    'p' and the count): the loop over tiles that Triton flattens with the reduction (TileConfig.persistent)."""
+    whole = [c for c in candidates if c.split_k == 1 and not c.stream_k and not c.persistent]
+    return [replace(c, persistent=p) for c in whole for p in per_sm]
+
+
 def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict[str, Any]:
     from fuser.epilogue import Activation, Epilogue
     from fuser.kernels import autotune, conv, conv_choice, pack_conv_weight
@@ -202,7 +210,11 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
         with routed(routing):
             candidates = conv.conv2d_tile_candidates(x_shape, packed, stride, (pad,) * 4)
         direct = routing[1] > 0 and conv_choice.conv_kernel(c_in, c_out, 1, (k, k)) == conv_choice.ConvKernel.DIRECT
-        extras = direct_tiles(c_out) if direct else extra_tiles(c_in, c_out, k, stride, x.element_size())
+        extras = (
+            direct_tiles(c_out)
+            if direct
+            else [*extra_tiles(c_in, c_out, k, stride, x.element_size()), *persistent_twins(candidates)]
+        )
         for tile in dict.fromkeys([*candidates, *extras]):
             label = f"{order}{'-' if order else ''}{tile.block_m}x{tile.block_n}x{tile.block_k}w{tile.num_warps}" + (
                 f"s{tile.num_stages}"
@@ -210,6 +222,7 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
                 + (f"b{tile.box_w}" if tile.box_w else "")
                 + (f"sk{tile.stream_k}" if tile.stream_k else "")
                 + ("t" if tile.tap_shift else "")
+                + (f"p{tile.persistent}" if tile.persistent else "")
             )
             try:
                 configs[label] = timed(call(plan(tile, routing)))
@@ -223,7 +236,7 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
 
 # layer_row's labels; a trailing "t" marks shifted taps: over the zero-bordered input where the row records
 # bordered_copy_ms, else the masked kind of results/conv-tile-sweep-2026-12-03c.json, which cache_entries leaves out
-LABEL = re.compile(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)(?:k(\d+))?(?:b(\d+))?(?:sk(\d+))?(t)?")
+LABEL = re.compile(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)(?:k(\d+))?(?:b(\d+))?(?:sk(\d+))?(t)?(?:p(\d+))?")
 
 
 def cache_entries(result: dict[str, Any], groups: tuple[str, ...] = ("late", "rgb")) -> list[dict[str, Any]]:
@@ -255,8 +268,8 @@ def cache_entries(result: dict[str, Any], groups: tuple[str, ...] = ("late", "rg
             if match is None or (match[9] and "bordered_copy_ms" not in row):
                 continue
             bm, bn, bk, warps, stages, split, box, stream = (int(g) if g else 0 for g in match.groups()[:8])
-            shift = int(bool(match[9]))
-            config = TileConfig(bm, bn, bk, group_m, warps, stages, split or 1, box, stream, shift)
+            shift, persistent = int(bool(match[9])), int(match[10] or 0)
+            config = TileConfig(bm, bn, bk, group_m, warps, stages, split or 1, box, stream, shift, persistent)
             right = measured.get("rel_error") is not None and measured["rel_error"] < TOLERANCE[prec]
             timings.append([asdict(config), measured.get("ms") if right else None])
         problem = {"m": row["batch"] * oh * oh, "n": c_out, "k": c_in * k * k, "groups": 1, "operand_bytes": elem,

@@ -260,6 +260,7 @@ def _describe(config: TileConfig) -> str:
     text += f" split{config.split_k}" if config.split_k != 1 else ""
     text += f" box{config.box_w}" if config.box_w else ""
     text += " shift" if config.tap_shift else ""
+    text += f" persistent{config.persistent}" if config.persistent else ""
     return text + (f" streamk{config.stream_k}" if config.stream_k else "")
 
 

@@ -260,6 +260,19 @@ def _implicit_gemm_tile(
 
 
 @triton.jit
+def tile_rows_total(M, OH, OW, pad_top, pad_left, BLOCK_M: tl.constexpr, BOX_W: tl.constexpr, TAP_SHIFT: tl.constexpr):
+    """The row count the tile grid covers: ``M`` output pixels, or for box tiles (conv_boxes.py) each image's
+    boxes padded at its edges, or for shifted taps the zero-bordered images' pixels."""
+    if BOX_W > 0:
+        total = (M // (OH * OW)) * tl.cdiv(OH, BLOCK_M // BOX_W) * tl.cdiv(OW, BOX_W) * BLOCK_M
+    elif TAP_SHIFT:
+        total = (M // (OH * OW)) * (OH + pad_top) * (OW + pad_left)
+    else:
+        total = M
+    return total
+
+
+@triton.jit
 def reduction_steps(KH: tl.constexpr, KW: tl.constexpr, C_IN_G, K_TOTAL, K_ORDER: tl.constexpr, BLOCK_K: tl.constexpr):
     """The reduction's step count in ``K_ORDER``: filter rows, ``BLOCK_K`` columns of flat K, or
     (tap, channel block) pairs."""
@@ -353,6 +366,7 @@ def _conv2d_act_kernel(
     BOX_W: tl.constexpr,
     STREAM_K: tl.constexpr,
     TAP_SHIFT: tl.constexpr,
+    PERSISTENT: tl.constexpr,
 ):
     steps = reduction_steps(KH, KW, C_IN_G, K_TOTAL, K_ORDER, BLOCK_K)
     if STREAM_K:
@@ -385,15 +399,27 @@ def _conv2d_act_kernel(
                 epilogue_store(acc, out_ref, offs_m, channels, m_ok, n_ok, pid_m * BLOCK_M, pid_n * BLOCK_N,
                                stride_om, bias_ptr, res_ptr, res_rows, sr_c, alpha, scale, HAS_BIAS, ACT, RESIDUAL,
                                HAS_SCALE, ROUND_TF32, USE_DESC)  # fmt: skip
+    elif PERSISTENT:
+        # Persistent (whole tiles of one or more groups): each program walks tiles program, program + programs,
+        # ... of its group; flattened with the reduction loop so that the next tile's loads can start early.
+        rows_total = tile_rows_total(M, OH, OW, pad_top, pad_left, BLOCK_M, BOX_W, TAP_SHIFT)
+        group = tl.program_id(1)
+        tiles = tl.cdiv(rows_total, BLOCK_M) * tl.cdiv(C_OUT_G, BLOCK_N)
+        for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=True):
+            pid_m, pid_n = grouped_tile(tile, rows_total, C_OUT_G, BLOCK_M, BLOCK_N, GROUP_M)
+            acc, offs_m, m_ok, n_idx, oh, ow, channels, n_ok = _implicit_gemm_tile(
+                pid_m, pid_n, group, 0, steps, x_ptr, w_ref, ps_ptr, x2_ptr, H, W, C_IN_G, OH, OW, C_OUT_G, M,
+                K_TOTAL, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w, sx_n, sx_h, sx_w, sx_c, stride_wn,
+                sps_n, sps_c, C_A, sx2_n, sx2_h, sx2_w, sx2_c, KH, KW, K_ORDER, PROLOGUE, VIRTUAL_CAT, UP,
+                DOT_PRECISION, UPCAST, USE_DESC, BLOCK_M, BLOCK_N, BLOCK_K, BOX_W, TAP_SHIFT,
+            )  # fmt: skip
+            res_rows = row_offsets(n_idx, oh, ow, sr_n, sr_h, sr_w)
+            epilogue_store(acc, out_ref, offs_m, channels, m_ok, n_ok, pid_m * BLOCK_M, pid_n * BLOCK_N, stride_om,
+                           bias_ptr, res_ptr, res_rows, sr_c, alpha, scale, HAS_BIAS, ACT, RESIDUAL, HAS_SCALE,
+                           ROUND_TF32, USE_DESC and BOX_W == 0 and not TAP_SHIFT)  # fmt: skip
     else:
-        if BOX_W > 0:  # box tiles (conv_boxes.py): the tile count is per image, boxes padded at its edges
-            box_rows_total = (M // (OH * OW)) * tl.cdiv(OH, BLOCK_M // BOX_W) * tl.cdiv(OW, BOX_W) * BLOCK_M
-            pid_m, pid_n = grouped_tile(tl.program_id(0), box_rows_total, C_OUT_G, BLOCK_M, BLOCK_N, GROUP_M)
-        elif TAP_SHIFT:  # shifted taps (conv_boxes.py): the tiles cover the zero-bordered images' pixels
-            bordered_total = (M // (OH * OW)) * (OH + pad_top) * (OW + pad_left)
-            pid_m, pid_n = grouped_tile(tl.program_id(0), bordered_total, C_OUT_G, BLOCK_M, BLOCK_N, GROUP_M)
-        else:
-            pid_m, pid_n = grouped_tile(tl.program_id(0), M, C_OUT_G, BLOCK_M, BLOCK_N, GROUP_M)
+        rows_total = tile_rows_total(M, OH, OW, pad_top, pad_left, BLOCK_M, BOX_W, TAP_SHIFT)
+        pid_m, pid_n = grouped_tile(tl.program_id(0), rows_total, C_OUT_G, BLOCK_M, BLOCK_N, GROUP_M)
         group = tl.program_id(1)
         split = tl.program_id(2)
         lo, hi = split_range(steps, split, 1, SPLIT_K)
@@ -926,6 +952,11 @@ def prepare_implicit_gemm(
             f"{op}: stream-K (tile stream_k={tile.stream_k}) deals the row tiles of one group: not with box_w="
             f"{tile.box_w}, tap_shift={tile.tap_shift}, split_k={tile.split_k} or groups={groups}"
         )
+    if tile is not None and tile.persistent and (tile.split_k > 1 or tile.stream_k):
+        raise ValueError(
+            f"{op}: a persistent grid (tile persistent={tile.persistent}) walks whole tiles: not with split_k="
+            f"{tile.split_k} or stream_k={tile.stream_k}"
+        )
     res_strides = res4.stride() if res4 is not None else (0, 0, 0, 0)
     scalars = (
         h, w, c_in_g, oh, ow, c_out_g, m, k_total,
@@ -974,7 +1005,11 @@ def prepare_implicit_gemm(
         tiles, slots = cdiv(rows_total, config.block_m) * cdiv(c_out_g, config.block_n), None
         if config.box_w:
             boxes = n * cdiv(oh, config.block_m // config.box_w) * cdiv(ow, config.box_w)
-            grid = (boxes * cdiv(c_out_g, config.block_n), groups, 1)
+            tiles = boxes * cdiv(c_out_g, config.block_n)
+        if config.persistent:
+            grid = (max(1, min(tiles, config.persistent * sm_count)), groups, 1)
+        elif config.box_w:
+            grid = (tiles, groups, 1)
         elif config.stream_k:
             steps = reduction_step_count(order, (kh, kw), c_in_g, k_total, config.block_k)
             programs, slots = stream_k_grid(config, tiles, steps, sm_count)

@@ -31,7 +31,14 @@ class TileConfig:
     a grid of, say, 100 tiles keeps all 132 SMs busy to the end; a tile whose steps two or more programs
     share is summed in a fixed order by the last of them to finish (conv.py). No candidate list offers it:
     on the layers it was built for it measured no faster than split-K, and its 128x256 tiles do not fit in
-    the H200's shared memory (kernels/NOTES.md version 13); a caller can force it with ``tile=``."""
+    the H200's shared memory (kernels/NOTES.md version 13); a caller can force it with ``tile=``.
+
+    ``persistent`` > 0 (the implicit GEMM, whole tiles: not split, not stream-K): the grid is ``persistent``
+    programs per SM, each walking the output tiles ``program, program + programs, ...`` in one loop that Triton
+    flattens with the reduction loop inside it, so that the next tile's first loads can be issued while this
+    tile's epilogue runs. Built for many short tiles (YOLOv8n's 64->64 @80 at batch 32: 1600 tiles of 9 steps,
+    latency-bound, kernels/NOTES.md version 18). No candidate list offers it until measured; the tile sweep
+    does, and a caller can force it with ``tile=``."""
 
     block_m: int
     block_n: int
@@ -43,6 +50,7 @@ class TileConfig:
     box_w: int = 0
     stream_k: int = 0
     tap_shift: int = 0
+    persistent: int = 0
 
     def constexprs(self) -> dict[str, int]:
         """The tile's kernel parameters (a launcher passes those its kernel declares; ``split_k`` is the
@@ -55,6 +63,7 @@ class TileConfig:
             "BOX_W": self.box_w,
             "STREAM_K": self.stream_k > 0,
             "TAP_SHIFT": self.tap_shift > 0,
+            "PERSISTENT": self.persistent > 0,
         }
 
 

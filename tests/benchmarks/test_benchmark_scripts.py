@@ -379,6 +379,24 @@ def test_stem_sweeps_enter_the_table_as_the_direct_kernels_choices(tmp_path: Pat
     assert chosen is not None and (chosen.block_m, chosen.num_warps, chosen.group_m) == (128, 2, 1)
 
 
+def test_persistent_twins_enter_the_table_with_their_programs_per_sm(tmp_path: Path) -> None:
+    """A label ending in 'p' and a count is the tile on a persistent grid of that many programs per SM."""
+    from benchmarks.conv_tile_sweep import persistent_twins
+    from benchmarks.tile_table import merge_sweeps
+    from fuser.kernels.autotune import TileConfig
+
+    box = TileConfig(128, 64, 64, 8, 8, 3, box_w=16)
+    twins = persistent_twins([box, TileConfig(64, 64, 64, 8, 4, 4, split_k=2)], per_sm=(2, 3))
+    assert [(t.box_w, t.persistent) for t in twins] == [(16, 2), (16, 3)]
+    sweep = _sweep({"128x64x64w8s3b16": 0.068, "128x64x64w8s3b16p2": 0.061, "128x64x64w8s3b16p3": 0.064},
+                   "yolov8.64x3x3@80")  # fmt: skip
+    (tmp_path / "p.json").write_text(json.dumps(sweep))
+    table = {"arch": "sm90", "source": {"date": "then"}, "entries": {}}
+    entries = merge_sweeps(table, [tmp_path / "p.json"])[0]["entries"]
+    (ranked,) = [e["ranked"] for e in entries.values()]
+    assert [(r["config"]["box_w"], r["config"]["persistent"]) for r in ranked] == [(16, 2), (16, 3), (16, 0)]
+
+
 def test_shifted_taps_enter_the_table_only_from_sweeps_of_the_bordered_input(tmp_path: Path) -> None:
     """A 't' label is a shifted tile over the zero-bordered input where the row records ``bordered_copy_ms``
     (conv_tile_sweep since 2026-12-03d), and the masked kind, which is left out, where it does not."""

@@ -444,3 +444,30 @@ def test_every_tile_candidate_on_3x3(case: ConvCase, precision: str, dtype: torc
             wrong.append((config, error))
     assert not wrong, f"{case} {precision}: configs beyond tolerance {TOLERANCE[precision]}: {wrong}"
     assert configs[0] not in no_fit, f"{case} {precision}: the default config does not fit: {configs[0]}"
+
+
+@pytest.mark.parametrize(
+    ("precision", "dtype"), [("tf32", torch.float32), ("fp16", torch.float16)], ids=["tf32", "fp16-model"]
+)
+@pytest.mark.parametrize("case", [c for c in SWEEP_3X3 if c.groups == 1 and c.c_in > 4], ids=str)
+def test_persistent_twins_on_3x3(case: ConvCase, precision: str, dtype: torch.dtype) -> None:
+    """Each whole-tile candidate on a persistent grid of 1-3 programs per SM (TileConfig.persistent), which no list
+    offers yet and the tile sweep measures: Triton flattens its tile loop with the reduction loop, the kind of
+    loop nest it has miscompiled at 8 warps (issue 8 item 6), so every twin is checked against float64."""
+    import dataclasses
+
+    epilogue = Epilogue(Activation.SILU, residual=Residual.AFTER_ACT)
+    x, w, b, residual = conv_inputs(case, epilogue, dtype, device="cuda")
+    packed = pack_conv_weight(w, precision, groups=case.groups)
+    ref = conv_reference(x, w, b, case, epilogue, residual)
+    configs = conv2d_tile_candidates(x.shape, packed, case.stride, case.padding, case.dilation)
+    twins = [dataclasses.replace(c, persistent=p) for c in configs if c.split_k == 1 and not c.stream_k
+             for p in (1, 2, 3)]  # fmt: skip
+    wrong, ran = [], 0
+    for config in twins:
+        error = forced_tile_error(case, x, packed, b, residual, ref, epilogue, config)
+        ran += error is not None
+        if error is not None and not error <= TOLERANCE[precision]:
+            wrong.append((config, error))
+    assert twins and ran, f"{case} {precision}: no persistent twin ran"
+    assert not wrong, f"{case} {precision}: persistent twins beyond tolerance {TOLERANCE[precision]}: {wrong}"
