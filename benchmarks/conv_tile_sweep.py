@@ -18,9 +18,12 @@ Four groups of layers (the first two from benchmarks/kernel_timeline.py, H200, u
   132 SMs is partly idle) and 64->128 stride 2 @160, and YOLO's 64->64 @80 (3x its floor on box tiles); and
   ResNet-50's stride-1 3x3 convs at 28x28 and 14x14, where tuning chose shifted taps that the shipped table does
   not rank (results/gpu-models-2026-12-03g-tuned.json: the table's runs measured only the stride-2 conv of the
-  same GEMM shape). Each runs over its candidates plus split-K variants of the larger tiles, a 64-wide TF32 K step,
-  256-row tiles at 64 channels, box tiles on the stride-2 layer, and every whole candidate on a persistent grid
-  of 1-3 programs per SM (TileConfig.persistent; so do the implicit-GEMM layers of the other groups).
+  same GEMM shape); and the 3x3 convs of YOLOv8n's detect head at 80x80 (64->80, 80->80), which share a table
+  class with the stride-2 layer at batch 32 (kernels/NOTES.md version 20). Each runs over its candidates plus
+  split-K variants of the larger tiles, a 64-wide TF32 K step, 256-row tiles at 64 channels (their box tiles also
+  on a persistent grid of one program per SM), box tiles on the stride-2 layer, and every whole candidate on a
+  persistent grid of 1-3 programs per SM (TileConfig.persistent; so do the implicit-GEMM layers of the other
+  groups).
 - ``rgb``: the RGB stems of YOLOv8n (3->16 stride 2 @640), EfficientNet-B0 (3->32 @224) and MobileNetV3 (3->16
   @224) through the direct kernel on larger and smaller programs (its [channels, pixels] accumulator: 1 to 8
   pixels per lane). The implicit GEMM's two reduction orders ran here too until
@@ -68,6 +71,8 @@ LAYERS: dict[str, list[tuple[str, int, int, int, int, int, int, bool, str]]] = {
         ("yolov8.64x3x3@80", 64, 64, 3, 1, 1, 80, False, "silu"),
         ("resnet50.layer2.3x3@28", 128, 128, 3, 1, 1, 28, False, "relu"),
         ("resnet50.layer3.3x3@14", 256, 256, 3, 1, 1, 14, False, "relu"),
+        ("yolov8.head.64->80@80", 64, 80, 3, 1, 1, 80, False, "silu"),
+        ("yolov8.head.80x3x3@80", 80, 80, 3, 1, 1, 80, False, "silu"),
     ],
     "rgb": [
         ("yolov8.stem", 3, 16, 3, 2, 1, 640, False, "silu"),
@@ -131,13 +136,15 @@ def long_k_tiles(c_in: int, c_out: int, stride: int, elem: int) -> list[Any]:
     if stride == 1 and c_in <= 64:  # 256-row tiles, half the weight reads per output (slower: sweep -03f.json)
         out += [TileConfig(256, min(64, bn_cap), bk, 8, 8, s, 1, box, tap_shift=shift)
                 for s in (3, 4) for box, shift in ((16, 0), (0, 0), (0, 1))]  # fmt: skip
+        # and their boxes on one program per SM, walking tiles (kernels/NOTES.md version 20)
+        out += [TileConfig(256, min(64, bn_cap), bk, 8, 8, s, 1, 16, persistent=1) for s in (3, 4)]
     if stride == 2:
         out += [TileConfig(bm, min(bn, bn_cap), bk, 8, w, s, 1, 16) for bm, bn, w, s in
                 [(64, 128, 4, 4), (128, 128, 8, 3), (128, 64, 4, 4), (64, 128, 4, 3), (128, 128, 4, 4)]]  # fmt: skip
     return out
 
 
-def persistent_twins(candidates: list[Any], per_sm: tuple[int, ...] = (1, 2, 3)) -> list[Any]:
+def persistent_grids(candidates: list[Any], per_sm: tuple[int, ...] = (1, 2, 3)) -> list[Any]:
     """The whole tiles among ``candidates`` on persistent grids of ``per_sm`` programs per SM (labels ending in
     'p' and the count): the loop over tiles that Triton flattens with the reduction (TileConfig.persistent)."""
     whole = [c for c in candidates if c.split_k == 1 and not c.stream_k and not c.persistent]
@@ -213,7 +220,7 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
         extras = (
             direct_tiles(c_out)
             if direct
-            else [*extra_tiles(c_in, c_out, k, stride, x.element_size()), *persistent_twins(candidates)]
+            else [*extra_tiles(c_in, c_out, k, stride, x.element_size()), *persistent_grids(candidates)]
         )
         for tile in dict.fromkeys([*candidates, *extras]):
             label = f"{order}{'-' if order else ''}{tile.block_m}x{tile.block_n}x{tile.block_k}w{tile.num_warps}" + (

@@ -51,6 +51,7 @@ from .conv_boxes import (
     boxes_by_default,
     load_tap_box,
     shifted_twins,
+    strided_box_twins,
     tap_shift_refusal,
 )
 from .conv_choice import ConvKernel, conv_kernel, reduction_order
@@ -559,13 +560,39 @@ def implicit_gemm_candidates(
     (``can_box``) and :func:`conv_boxes.boxes_by_default` picks them, else the row tiles', followed on small
     images by their shifted-tap twins where shifted taps can read the input (``shift_why_not`` is None,
     :func:`conv_boxes.shifted_twins`), and those of the twins that leave SMs idle split in two
-    (:func:`splitk.split_shifted_twins`)."""
+    (:func:`splitk.split_shifted_twins`), at stride 2 box tiles where boxes can read the input
+    (:func:`conv_boxes.strided_box_twins`), and on grids of many tiles persistent twins last
+    (:func:`persistent_twins`)."""
     ow = out_size[1]
     if can_box and boxes_by_default(m, c_in_g, stride, ow):
-        return box_candidates(c_in_g, c_out_g, ow, stride[1], operand_bytes)
+        return persistent_twins(box_candidates(c_in_g, c_out_g, ow, stride[1], operand_bytes), m, c_out_g)
     rows = conv_candidates(m, c_in_g, c_out_g, k_total, operand_bytes, order, *kernel_size)
     steps = lambda c: kernel_size[0] * kernel_size[1] * cdiv(c_in_g, c.block_k)
-    return split_shifted_twins(shifted_twins(rows, shift_why_not, out_size), m, c_out_g, steps)
+    twins = split_shifted_twins(shifted_twins(rows, shift_why_not, out_size), m, c_out_g, steps)
+    twins = strided_box_twins(twins, can_box, m, c_in_g, c_out_g, stride, ow, operand_bytes)
+    return persistent_twins(twins, m, c_out_g)
+
+
+# Persistent twins (TileConfig.persistent) are offered where a grid has at least this many tiles (YOLOv8n's 64->64
+# @80 at batch 32: 1600), on 2 and 3 programs per SM of the 4-warp whole tiles: there the 128x64 box tile on 2
+# programs per SM ran 6-7% faster than the table's best without in fp16 and 1-5% in tf32, while every 8-warp twin
+# and every twin on 1 program per SM ran slower (results/conv-tile-sweep-2026-12-04-persistent.json and -04b.json,
+# layers-2026-12-04d.json).
+PERSISTENT_MIN_TILES = 1024
+PERSISTENT_PER_SM = (2, 3)
+
+
+def persistent_twins(candidates: list[TileConfig], m: int, c_out_g: int) -> list[TileConfig]:
+    """``candidates`` followed by the persistent twins of its whole 4-warp tiles (not split, not stream-K) where
+    the grid of the list's first tile has at least ``PERSISTENT_MIN_TILES`` tiles; else ``candidates`` unchanged.
+    The twins come last and the cost model gives a twin its original's time, so neither the list's first entry
+    nor the model's pick moves: a twin becomes a default only where the shipped table measured it fastest."""
+    first = candidates[0]
+    if cdiv(m, first.block_m) * cdiv(c_out_g, first.block_n) < PERSISTENT_MIN_TILES:
+        return candidates
+    whole = [c for c in candidates if c.num_warps == 4 and c.split_k == 1 and not c.stream_k and not c.persistent]
+    twins = [dataclasses.replace(c, persistent=p) for c in whole for p in PERSISTENT_PER_SM]
+    return list(dict.fromkeys([*candidates, *twins]))
 
 
 VIRTUAL_CAT_ALIGN = 16  # the smallest channel block: the first source's channels must be a multiple of it

@@ -17,7 +17,8 @@ descriptor ends at ``C`` and fills zeros. Dilation, groups, a virtual concatenat
 prologue keep the row tiles (conv.py).
 
 ``box_w`` is a field of the tile config (tile_config.py); :func:`box_candidates` lists the box configs a
-launch may measure, and :func:`box_refusal` says why a launch cannot use them.
+launch may measure, :func:`strided_box_twins` offers some after the row tiles at stride 2, and
+:func:`box_refusal` says why a launch cannot use them.
 
 Shifted taps (``tap_shift``). The input is first copied (bordered_copy.py) into a zero-bordered
 buffer ``[N, H + pad_top, W + pad_left, C]`` (the conv's pixel ``(h, w)`` at ``(h + pad_top, w + pad_left)``; the
@@ -239,9 +240,24 @@ def boxes_by_default(m: int, c_in: int, stride: Sequence[int], ow: int) -> bool:
     return m >= BOX_MIN_ROWS and c_in >= BOX_MIN_CHANNELS and tuple(stride) == (1, 1) and box_width(ow) == 16
 
 
-def box_candidates(c_in: int, c_out: int, ow: int, stride_w: int, operand_bytes: int) -> list[TileConfig]:
+# (block_m, block_n, warps, stages) of the box candidates, first = default
+BOX_TILES = ((128, 128, 8, 3), (128, 64, 4, 4), (64, 128, 4, 4), (128, 256, 8, 3))
+# The box tiles offered after the row tiles at stride 2 (strided_box_twins): on YOLOv8n's 64->128 stride-2 conv
+# at 160x160, batch 32, 64x128 boxes of 4 warps and 3 stages ran 12% under the row tiles' best in fp16 and 128x128
+# of 4 warps and 4 stages 11% in tf32 (results/conv-tile-sweep-2026-12-04b.json).
+STRIDED_BOX_TILES = ((64, 128, 4, 3), (128, 128, 4, 4), (128, 128, 8, 3))
+
+
+def box_candidates(
+    c_in: int,
+    c_out: int,
+    ow: int,
+    stride_w: int,
+    operand_bytes: int,
+    shapes: Sequence[tuple[int, int, int, int]] = BOX_TILES,
+) -> list[TileConfig]:
     """The box configs a launch may measure (first = default, the fastest of them on every measured layer
-    that boxes are the default for).
+    that boxes are the default for), of ``shapes`` (block_m, block_n, warps, stages).
 
     ``block_k`` is 64 channels for 16-bit operands, 32 for float32 (128-byte rows, the widest swizzle),
     smaller where the input has fewer channels, and a divisor of ``c_in`` for ``stride_w > 1`` (a block must
@@ -252,8 +268,30 @@ def box_candidates(c_in: int, c_out: int, ow: int, stride_w: int, operand_bytes:
     bw = box_width(ow)
     bn_cap = max(16, triton.next_power_of_2(c_out))
     out: list[TileConfig] = []
-    for bm, bn, warps, stages in ((128, 128, 8, 3), (128, 64, 4, 4), (64, 128, 4, 4), (128, 256, 8, 3)):
+    for bm, bn, warps, stages in shapes:
         config = TileConfig(bm, min(bn, bn_cap), bk, 8, warps, stages, box_w=bw)
         if config not in out:
             out.append(config)
     return out
+
+
+def strided_box_twins(
+    candidates: list[TileConfig],
+    can_box: bool,
+    m: int,
+    c_in: int,
+    c_out: int,
+    stride: Sequence[int],
+    ow: int,
+    operand_bytes: int,
+) -> list[TileConfig]:
+    """``candidates`` (the row tiles' list) followed by the box tiles of ``STRIDED_BOX_TILES`` for a strided conv that
+    boxes can read (``can_box``) and that :func:`boxes_by_default` would give them but for its stride; else
+    ``candidates`` unchanged. At stride 2 boxes measured 0.84-1.13x the row tiles' default on the layers of
+    results/box-tiles-2026-12-03.json and 1.12x on YOLOv8n's 64->128 @160 (STRIDED_BOX_TILES), so they come last:
+    the list's first entry stays a row tile, and a box becomes a default only where the shipped table measured it
+    fastest (the cost model, which does not model boxes, never picked one on YOLO's strided shapes)."""
+    if not can_box or tuple(stride) == (1, 1) or not boxes_by_default(m, c_in, (1, 1), ow):
+        return candidates
+    boxes = box_candidates(c_in, c_out, ow, stride[1], operand_bytes, STRIDED_BOX_TILES)
+    return list(dict.fromkeys([*candidates, *boxes]))

@@ -381,12 +381,12 @@ def test_stem_sweeps_enter_the_table_as_the_direct_kernels_choices(tmp_path: Pat
 
 def test_persistent_twins_enter_the_table_with_their_programs_per_sm(tmp_path: Path) -> None:
     """A label ending in 'p' and a count is the tile on a persistent grid of that many programs per SM."""
-    from benchmarks.conv_tile_sweep import persistent_twins
+    from benchmarks.conv_tile_sweep import persistent_grids
     from benchmarks.tile_table import merge_sweeps
     from fuser.kernels.autotune import TileConfig
 
     box = TileConfig(128, 64, 64, 8, 8, 3, box_w=16)
-    twins = persistent_twins([box, TileConfig(64, 64, 64, 8, 4, 4, split_k=2)], per_sm=(2, 3))
+    twins = persistent_grids([box, TileConfig(64, 64, 64, 8, 4, 4, split_k=2)], per_sm=(2, 3))
     assert [(t.box_w, t.persistent) for t in twins] == [(16, 2), (16, 3)]
     sweep = _sweep({"128x64x64w8s3b16": 0.068, "128x64x64w8s3b16p2": 0.061, "128x64x64w8s3b16p3": 0.064},
                    "yolov8.64x3x3@80")  # fmt: skip
@@ -395,6 +395,46 @@ def test_persistent_twins_enter_the_table_with_their_programs_per_sm(tmp_path: P
     entries = merge_sweeps(table, [tmp_path / "p.json"])[0]["entries"]
     (ranked,) = [e["ranked"] for e in entries.values()]
     assert [(r["config"]["box_w"], r["config"]["persistent"]) for r in ranked] == [(16, 2), (16, 3), (16, 0)]
+
+
+# (sweep file, input shape, stride, output channels, precision, the table's choice as (block_m, block_n, block_k,
+# warps, stages, box_w, persistent)): YOLOv8n's layers at batch 32 whose classes those sweeps rebuilt
+SWEPT_CHOICES = [
+    ("conv-tile-sweep-2026-12-04-persistent.json", (32, 64, 80, 80), 1, 64, "fp16", (128, 64, 64, 4, 4, 16, 2)),
+    ("conv-tile-sweep-2026-12-04-persistent.json", (32, 64, 80, 80), 1, 64, "tf32", (128, 64, 32, 4, 4, 16, 2)),
+    ("conv-tile-sweep-2026-12-04b.json", (32, 64, 160, 160), 2, 128, "tf32", (128, 128, 32, 4, 4, 16, 0)),
+    ("conv-tile-sweep-2026-12-04c.json", (32, 64, 160, 160), 2, 128, "fp16", (64, 128, 64, 4, 3, 16, 3)),
+]
+
+
+@pytest.mark.parametrize(("sweep", "shape", "stride", "c_out", "precision", "chosen"), SWEPT_CHOICES,
+                         ids=[f"{c[0][16:-5]}-{c[3]}-s{c[2]}-{c[4]}" for c in SWEPT_CHOICES])  # fmt: skip
+def test_a_committed_sweep_makes_its_best_tile_the_tables_choice(
+    sweep: str, shape: tuple[int, int, int, int], stride: int, c_out: int, precision: str, chosen: tuple
+) -> None:
+    """The committed sweep's fastest tile is one the candidate list offers (a persistent twin on 64->64 @80, a
+    strided box, persistent in fp16, on 64->128 stride 2), so the table rebuilt from that sweep makes it the
+    launcher's choice (-04c.json also measured the detect head's convs of the same class)."""
+    from benchmarks.tile_table import merge_sweeps
+    from fuser.kernels import pack_conv_weight, tile_table
+    from fuser.kernels.autotune import Problem
+    from fuser.kernels.conv import conv2d_tile_candidates
+
+    table = {"arch": "sm90", "source": {"date": "then"}, "entries": {}}
+    merged = merge_sweeps(table, [Path(readme_results.RESULTS) / sweep])[0]
+    dtype = torch.float16 if precision == "fp16" else torch.float32
+    packed = pack_conv_weight(torch.randn(c_out, shape[1], 3, 3).to(dtype), precision)
+    listed = conv2d_tile_candidates(shape, packed, stride, (1, 1, 1, 1))
+    out_hw = shape[2] // stride
+    problem = Problem(shape[0] * out_hw * out_hw, c_out, 9 * shape[1], 1, packed.data.element_size(), precision)
+    tile_table._loaded[tile_table.table_path("sm90")] = merged["entries"]
+    try:
+        got = tile_table.lookup("sm90", "conv2d_act", problem, listed)
+    finally:
+        tile_table._loaded.clear()
+    assert got is not None, f"{sweep}: no class for {problem}"
+    fields = (got.block_m, got.block_n, got.block_k, got.num_warps, got.num_stages, got.box_w, got.persistent)
+    assert fields == chosen, (precision, got)
 
 
 def test_shifted_taps_enter_the_table_only_from_sweeps_of_the_bordered_input(tmp_path: Path) -> None:

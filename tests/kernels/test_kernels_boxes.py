@@ -9,9 +9,10 @@ from accuracy import assert_close
 from kernels_reference import ConvCase, conv_inputs, conv_reference, record_launches
 
 from fuser.kernels import Activation, Epilogue, Residual, conv2d_act, pack_conv_weight
-from fuser.kernels.autotune import TileConfig
+from fuser.kernels.autotune import Problem, TileConfig
 from fuser.kernels.conv import conv2d_tile_candidates
-from fuser.kernels.conv_boxes import BOX_MIN_ROWS, box_candidates, box_width, boxes_by_default
+from fuser.kernels.conv_boxes import BOX_MIN_ROWS, STRIDED_BOX_TILES, box_candidates, box_width, boxes_by_default
+from fuser.kernels.tile_heuristic import pick
 
 SILU_ADD = Epilogue(Activation.SILU, residual=Residual.AFTER_ACT)
 BOX_TILE = TileConfig(32, 16, 16, 2, 4, 1, box_w=8)  # boxes 4 rows x 8 columns
@@ -93,15 +94,23 @@ def test_box_tiles_refuse_other_inputs_and_splits() -> None:
 
 def test_boxes_are_the_default_where_they_were_measured_faster() -> None:
     """From BOX_MIN_ROWS output pixels, 64 input channels, stride 1 and 64 output columns, a conv lists box
-    tiles (first = default); narrower images, fewer channels, stride 2, fewer pixels, or shapes boxes cannot
-    read list the row tiles."""
+    tiles (first = default); narrower images, fewer channels, fewer pixels, or shapes boxes cannot read list the
+    row tiles, and stride 2 the row tiles first and STRIDED_BOX_TILES last."""
     w = pack_conv_weight(torch.randn(64, 64, 3, 3), "tf32")
     big = conv2d_tile_candidates((3, 64, 75, 77), w, 1, 1)
     assert BOX_MIN_ROWS <= 3 * 75 * 77 and big and all(c.box_w == 16 for c in big)
     assert all(c.box_w == 0 for c in conv2d_tile_candidates((1, 64, 75, 77), w, 1, 1))  # 5775 pixels
     assert all(c.box_w == 0 for c in conv2d_tile_candidates((3, 64, 75, 77), w, 1, 1, dilation=2))
     assert all(c.box_w == 0 for c in conv2d_tile_candidates((40, 64, 25, 25), w, 1, 1))  # 25 columns
-    assert all(c.box_w == 0 for c in conv2d_tile_candidates((4, 64, 130, 130), w, 2, 1))  # stride 2
+    strided = conv2d_tile_candidates((4, 64, 130, 130), w, 2, 1)
+    boxes = [c for c in strided if c.box_w]
+    assert strided[0].box_w == 0 and strided[len(strided) - len(boxes) :] == boxes
+    want = [(bm, min(bn, 64), warps, stages) for bm, bn, warps, stages in STRIDED_BOX_TILES]  # 64 output channels
+    assert [(c.block_m, c.block_n, c.num_warps, c.num_stages) for c in boxes] == want
+    problem = Problem(4 * 65 * 65, 64, 576, 1, 4, "tf32")
+    assert pick("conv2d_act", strided, problem).box_w == 0, "the cost model does not model boxes: it must not pick one"
+    assert all(c.box_w == 0 for c in conv2d_tile_candidates((4, 64, 131, 130), w, 2, 1))  # odd height at stride 2
+    assert all(c.box_w == 0 for c in conv2d_tile_candidates((3, 64, 130, 130), w, 2, 1))  # 12675 pixels
     w32 = pack_conv_weight(torch.randn(64, 32, 3, 3), "tf32")
     assert all(c.box_w == 0 for c in conv2d_tile_candidates((3, 32, 75, 77), w32, 1, 1))  # 32 channels
     assert boxes_by_default(BOX_MIN_ROWS, 64, (1, 1), 64) and not boxes_by_default(BOX_MIN_ROWS - 1, 64, (1, 1), 64)

@@ -451,9 +451,10 @@ def test_every_tile_candidate_on_3x3(case: ConvCase, precision: str, dtype: torc
 )
 @pytest.mark.parametrize("case", [c for c in SWEEP_3X3 if c.groups == 1 and c.c_in > 4], ids=str)
 def test_persistent_twins_on_3x3(case: ConvCase, precision: str, dtype: torch.dtype) -> None:
-    """Each whole-tile candidate on a persistent grid of 1-3 programs per SM (TileConfig.persistent), which no list
-    offers yet and the tile sweep measures: Triton flattens its tile loop with the reduction loop, the kind of
-    loop nest it has miscompiled at 8 warps (issue 8 item 6), so every twin is checked against float64."""
+    """Each whole-tile candidate on a persistent grid of 1-3 programs per SM (TileConfig.persistent), as the tile
+    sweep measures them (the lists offer the 4-warp twins on grids of many tiles, which the models' test above
+    runs): Triton flattens its tile loop with the reduction loop, the kind of loop nest it has miscompiled at 8
+    warps (issue 8 item 6), so every twin is checked against float64."""
     import dataclasses
 
     epilogue = Epilogue(Activation.SILU, residual=Residual.AFTER_ACT)

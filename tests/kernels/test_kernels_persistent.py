@@ -2,8 +2,8 @@
 "SM" (the interpreter counts 3) each walk several whole output tiles, on row tiles, box tiles and shifted taps,
 against float64 on odd shapes whose tile counts the programs do not divide.
 
-No candidate list offers a persistent grid until the GPU has measured it; these tests force it, as
-benchmarks/conv_tile_sweep.py does."""
+These tests force it, as benchmarks/conv_tile_sweep.py does; the candidate lists offer it on grids of many tiles
+(conv.persistent_twins), which the last tests check."""
 
 from __future__ import annotations
 
@@ -77,3 +77,43 @@ def test_persistent_grid_refuses_split_and_stream_k() -> None:
         with pytest.raises(ValueError, match=rf"persistent=1\) walks whole tiles: not with {named}"):
             conv2d_act(x, packed, b, stride=case.stride, padding=case.padding, epilogue=SILU_ADD, residual=residual,
                        interpret=True, tile=dataclasses.replace(ROWS, **other))  # fmt: skip
+
+
+def cout_packed(c_in: int, stride: int) -> object:
+    """YOLO's 64 -> 64 (stride 1) or 64 -> 128 (stride 2) 3x3 weight, packed for fp16."""
+    return pack_conv_weight(torch.randn(64 * stride, c_in, 3, 3).half(), "fp16")
+
+
+# (input shape, stride): odd batches and sizes whose grids have over 1024 tiles
+MANY_TILES = [((31, 64, 79, 83), 1), ((29, 64, 157, 161), 2)]
+
+
+@pytest.mark.parametrize(("shape", "stride"), MANY_TILES, ids=[str(c[0]) for c in MANY_TILES])
+def test_lists_offer_persistent_twins_last_on_grids_of_many_tiles(
+    shape: tuple[int, int, int, int], stride: int
+) -> None:
+    """Twins on 2 and 3 programs per SM of the 4-warp whole tiles come after every other candidate, so that the
+    list's first entry (the untuned default) is not one; the cost model, which gives a twin its original's time,
+    never picks one over it."""
+    from fuser.kernels.autotune import Problem
+    from fuser.kernels.conv import PERSISTENT_PER_SM, conv2d_tile_candidates
+    from fuser.kernels.tile_heuristic import pick
+
+    listed = conv2d_tile_candidates(shape, cout_packed(shape[1], stride), stride, (1, 1, 1, 1))
+    twins = [c for c in listed if c.persistent]
+    others = listed[: len(listed) - len(twins)]
+    assert twins and not any(c.persistent for c in others), f"{shape}: twins must come last: {listed}"
+    originals = [c for c in others if c.num_warps == 4 and c.split_k == 1 and not c.stream_k]
+    assert twins == [dataclasses.replace(c, persistent=p) for c in originals for p in PERSISTENT_PER_SM]
+    case = ConvCase("list", shape[0], shape[1], 64 * stride, shape[2:], 3, stride=stride, padding=(1, 1, 1, 1))
+    oh, ow = conv_output_hw(case)
+    problem = Problem(shape[0] * oh * ow, 64 * stride, 9 * shape[1], 1, 2, "fp16")
+    assert not pick("conv2d_act", listed, problem).persistent
+
+
+def test_lists_offer_no_persistent_twin_on_small_grids() -> None:
+    """At batch 1 the same layer has 52 tiles of 128 rows: a persistent grid would only add its loop."""
+    from fuser.kernels.conv import conv2d_tile_candidates
+
+    listed = conv2d_tile_candidates((1, 64, 79, 83), cout_packed(64, 1), 1, (1, 1, 1, 1))
+    assert listed and not any(c.persistent for c in listed), listed
