@@ -1,22 +1,36 @@
 #!/usr/bin/env bash
-# Persistent grids of the implicit GEMM (TileConfig.persistent; kernels/NOTES.md version 19) on the GPU, in one
+# Persistent grids of the implicit GEMM (TileConfig.persistent; kernels/NOTES.md versions 19-20) on the GPU, in one
 # device call from the repository root:
-#     device run, command: bash benchmarks/device_persistent.sh
-# 1. tests: every whole 3x3 candidate on persistent grids of 1-3 programs per SM against float64 (Triton flattens
-#    the tile loop with the reduction loop, the loop nest it has miscompiled at 8 warps: issue 8 item 6).
-# 2. sweep: YOLOv8n's 64->64 @80 at batch 32, fp16 and tf32 (SWEEP_LAYERS, SWEEP_REGIMES), its candidates, the
-#    sweep's extra tiles and every whole candidate's persistent twins, each against float64, beside cuDNN.
-# If a twin wins: conv_boxes-style twins in the candidate lists, then `tile_table --from-sweep` on this sweep.
-# STAGES picks stages (default "tests sweep"); TESTS_S and SWEEP_S their limits (defaults 240 and 300 s).
+#     device run, carry [".whl"], command: bash benchmarks/device_persistent.sh
+# 1. tests: every whole 3x3 candidate on persistent grids of 1-3 programs per SM, and every tile the models' convs
+#    can choose (the lists' twins among them), against float64 (Triton flattens the tile loop with the reduction
+#    loop, the loop nest it has miscompiled at 8 warps: issue 8 item 6).
+# 2. sweep: the layers with grids of many tiles at batch 32 (SWEEP_LAYERS: YOLOv8n's 64->64 @80 and 64->128 stride 2
+#    @160), fp16 and tf32 (SWEEP_REGIMES), their candidates, the sweep's extra tiles and every whole candidate on
+#    1-3 programs per SM, each against float64, beside cuDNN.
+# 3. table: the shipped table's classes of those layers rebuilt from the sweep and the committed sweeps named in
+#    TABLE_SWEEPS (a class that also holds shapes this sweep lacks is kept unless a sweep named there has them; the
+#    file comes back in $OUT).
+# 4. models: whole-model rows on the rebuilt table (MODEL_ROWS, default YOLOv8n at batch 32 fp16).
+# 5. layers: the whole layer benchmark (not in the default STAGES: with all the others it passes the 600 s of a call).
+# STAGES picks stages (default "tests sweep table models"); TEST_K the tests (a pytest -k expression); TESTS_S,
+# SWEEP_S, MODELS_S, LAYERS_S their limits (defaults 240, 150, 100 and 320 s).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 LOG="$OUT/persistent.log"
 source benchmarks/device_setup.sh  # also defines stage()
-want() { [[ " ${STAGES:-tests sweep} " == *" $1 "* ]]; }
+want() { [[ " ${STAGES:-tests sweep table models} " == *" $1 "* ]]; }
 want tests && stage tests "${TESTS_S:-240}" python3 -m pytest tests/kernels -m gpu -n 16 -q -p no:cacheprovider \
-    -k persistent
-sweep_s=${SWEEP_S:-300}
-want sweep && stage sweep "$sweep_s" python3 -m benchmarks.conv_tile_sweep --only late --layers "${SWEEP_LAYERS:-yolov8.64x3x3@80}" \
-    --budget-s $((sweep_s - 30)) --out "$OUT/sweep" --regimes "${SWEEP_REGIMES:-32:float16,32:float32}"
-grep -E "passed|failed|b32 |b1 " "$LOG" | tail -20
+    -k "${TEST_K:-persistent or models_convs}"
+sweep_s=${SWEEP_S:-150}
+want sweep && stage sweep "$sweep_s" python3 -m benchmarks.conv_tile_sweep --only late \
+    --layers "${SWEEP_LAYERS:-yolov8.64x3x3@80,yolov8.64->128s2@160}" --budget-s $((sweep_s - 25)) --out "$OUT/sweep" \
+    --regimes "${SWEEP_REGIMES:-32:float16,32:float32}"
+want table && stage table 30 python3 -m benchmarks.tile_table --from-sweep ${TABLE_SWEEPS:-} "$OUT/sweep/conv-tile-sweep.json" \
+    && cp kernels/tile_table_sm90.json "$OUT/"
+want models && stage models "${MODELS_S:-100}" python3 -m benchmarks.gpu_models --out "$OUT/models" \
+    --rows ${MODEL_ROWS:-yolov8n:32:float16} --budget-s 10 --row-timeout-s $((${MODELS_S:-100} - 10))
+want layers && stage layers "${LAYERS_S:-320}" python3 -m benchmarks.layers --out "$OUT/layers"
+rm -f "$OUT"/*/*.png  # at most 8 files come back; the JSONs hold the figures
+grep -E "passed|failed|b32 |b1 |kept|replaced|added|^\| [a-z]" "$LOG" | tail -30
 printf '%s\n' "${summary[@]}"
