@@ -64,6 +64,8 @@ YOLO = [
     ConvLayer("yolo 128->128 1x1 s1 @40", 128, 128, 1, 1, 40),
     ConvLayer("yolo 256->256 3x3 s1 @20", 256, 256, 3, 1, 20),
     ConvLayer("yolo 64->128 3x3 s2 @160", 64, 128, 3, 2, 160),
+    # the detect head's class branch: slower than cuDNN at batch 32 in conv-tile-sweep-2026-12-04c.json (NOTES v20)
+    ConvLayer("yolo head 80->80 3x3 s1 @80", 80, 80, 3, 1, 80),
 ]
 OTHERS = [
     ConvLayer("effnet 24->144 1x1 @56", 24, 144, 1, 1, 56),
