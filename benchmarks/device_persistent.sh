@@ -19,18 +19,15 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 LOG="$OUT/persistent.log"
 source benchmarks/device_setup.sh  # also defines stage()
+source benchmarks/device_tile_stages.sh
 want() { [[ " ${STAGES:-tests sweep table models} " == *" $1 "* ]]; }
-want tests && stage tests "${TESTS_S:-240}" python3 -m pytest tests/kernels -m gpu -n 16 -q -p no:cacheprovider \
-    -k "${TEST_K:-persistent or models_convs}"
+want tests && gpu_tests_stage "${TESTS_S:-240}" "${TEST_K:-persistent or models_convs}"
 sweep_s=${SWEEP_S:-150}
 want sweep && stage sweep "$sweep_s" python3 -m benchmarks.conv_tile_sweep --only late \
     --layers "${SWEEP_LAYERS:-yolov8.64x3x3@80,yolov8.64->128s2@160}" --budget-s $((sweep_s - 25)) --out "$OUT/sweep" \
     --regimes "${SWEEP_REGIMES:-32:float16,32:float32}"
-want table && stage table 30 python3 -m benchmarks.tile_table --from-sweep ${TABLE_SWEEPS:-} "$OUT/sweep/conv-tile-sweep.json" \
-    && cp kernels/tile_table_sm90.json "$OUT/"
-want models && stage models "${MODELS_S:-100}" python3 -m benchmarks.gpu_models --out "$OUT/models" \
-    --rows ${MODEL_ROWS:-yolov8n:32:float16} --budget-s 10 --row-timeout-s $((${MODELS_S:-100} - 10))
-want layers && stage layers "${LAYERS_S:-320}" python3 -m benchmarks.layers --out "$OUT/layers"
-rm -f "$OUT"/*/*.png  # at most 8 files come back; the JSONs hold the figures
-grep -E "passed|failed|b32 |b1 |kept|replaced|added|^\| [a-z]" "$LOG" | tail -30
-printf '%s\n' "${summary[@]}"
+# shellcheck disable=SC2086  # TABLE_SWEEPS splits into one argument per file
+want table && table_stage ${TABLE_SWEEPS:-} "$OUT/sweep/conv-tile-sweep.json"
+want models && models_stage "${MODELS_S:-100}" "${MODEL_ROWS:-yolov8n:32:float16}"
+want layers && layers_stage "${LAYERS_S:-320}"
+finish_tile_call 30

@@ -14,17 +14,13 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 LOG="$OUT/stem.log"
 source benchmarks/device_setup.sh  # also defines stage()
+source benchmarks/device_tile_stages.sh
 want() { [[ " ${STAGES:-sweep table tests models} " == *" $1 "* ]]; }
 sweep_s=${SWEEP_S:-150}
 want sweep && stage sweep "$sweep_s" python3 -m benchmarks.conv_tile_sweep --only rgb --budget-s $((sweep_s - 25)) \
     --out "$OUT/sweep" --regimes 32:float16,32:float32,1:float16,1:float32
-want table && stage table 30 python3 -m benchmarks.tile_table --from-sweep "$OUT/sweep/conv-tile-sweep.json" \
-    && cp kernels/tile_table_sm90.json "$OUT/"
-want tests && stage tests "${TESTS_S:-180}" python3 -m pytest tests/kernels -m gpu -n 16 -q -p no:cacheprovider \
-    -k "${TEST_K:-stem or direct or models_convs}"
-want models && stage models "${MODELS_S:-100}" python3 -m benchmarks.gpu_models --out "$OUT/models" \
-    --rows ${MODEL_ROWS:-yolov8n:32:float16} --budget-s 10 --row-timeout-s $((${MODELS_S:-100} - 10))
-want layers && stage layers "${LAYERS_S:-320}" python3 -m benchmarks.layers --out "$OUT/layers"
-rm -f "$OUT"/*/*.png  # at most 8 files come back; the JSONs hold the figures
-grep -E "passed|failed|b32 |b1 |kept|replaced|added|^\| [a-z]" "$LOG" | tail -40
-printf '%s\n' "${summary[@]}"
+want table && table_stage "$OUT/sweep/conv-tile-sweep.json"
+want tests && gpu_tests_stage "${TESTS_S:-180}" "${TEST_K:-stem or direct or models_convs}"
+want models && models_stage "${MODELS_S:-100}" "${MODEL_ROWS:-yolov8n:32:float16}"
+want layers && layers_stage "${LAYERS_S:-320}"
+finish_tile_call 40
