@@ -15,9 +15,12 @@ from accuracy import assert_close
 from kernels_reference import ConvCase, conv_inputs, conv_output_hw, conv_reference, record_launches
 
 from fuser.kernels import Activation, Epilogue, Residual, conv2d_act, pack_conv_weight
-from fuser.kernels.autotune import TileConfig
+from fuser.kernels.autotune import Problem, TileConfig
+from fuser.kernels.conv import PERSISTENT_PER_SM, conv2d_tile_candidates
 from fuser.kernels.launch import cdiv
+from fuser.kernels.packing import PackedConvWeight
 from fuser.kernels.splitk import STREAM_K_INTERPRETER_SMS
+from fuser.kernels.tile_heuristic import pick
 
 SILU_ADD = Epilogue(Activation.SILU, residual=Residual.AFTER_ACT)
 ROWS = TileConfig(32, 16, 16, 2, 4, 1, persistent=1)
@@ -79,7 +82,7 @@ def test_persistent_grid_refuses_split_and_stream_k() -> None:
                        interpret=True, tile=dataclasses.replace(ROWS, **other))  # fmt: skip
 
 
-def cout_packed(c_in: int, stride: int) -> object:
+def cout_packed(c_in: int, stride: int) -> PackedConvWeight:
     """YOLO's 64 -> 64 (stride 1) or 64 -> 128 (stride 2) 3x3 weight, packed for fp16."""
     return pack_conv_weight(torch.randn(64 * stride, c_in, 3, 3).half(), "fp16")
 
@@ -95,10 +98,6 @@ def test_lists_offer_persistent_twins_last_on_grids_of_many_tiles(
     """Twins on 2 and 3 programs per SM of the 4-warp whole tiles come after every other candidate, so that the
     list's first entry (the untuned default) is not one; the cost model, which gives a twin its original's time,
     never picks one over it."""
-    from fuser.kernels.autotune import Problem
-    from fuser.kernels.conv import PERSISTENT_PER_SM, conv2d_tile_candidates
-    from fuser.kernels.tile_heuristic import pick
-
     listed = conv2d_tile_candidates(shape, cout_packed(shape[1], stride), stride, (1, 1, 1, 1))
     twins = [c for c in listed if c.persistent]
     others = listed[: len(listed) - len(twins)]
@@ -113,7 +112,5 @@ def test_lists_offer_persistent_twins_last_on_grids_of_many_tiles(
 
 def test_lists_offer_no_persistent_twin_on_small_grids() -> None:
     """At batch 1 the same layer has 52 tiles of 128 rows: a persistent grid would only add its loop."""
-    from fuser.kernels.conv import conv2d_tile_candidates
-
     listed = conv2d_tile_candidates((1, 64, 79, 83), cout_packed(64, 1), 1, (1, 1, 1, 1))
     assert listed and not any(c.persistent for c in listed), listed
