@@ -19,7 +19,8 @@ Four groups of layers (the first two from benchmarks/kernel_timeline.py, H200, u
   ResNet-50's stride-1 3x3 convs at 28x28 and 14x14, where tuning chose shifted taps that the shipped table does
   not rank (results/gpu-models-2026-12-03g-tuned.json: the table's runs measured only the stride-2 conv of the
   same GEMM shape); and the 3x3 convs of YOLOv8n's detect head at 80x80 (64->80, 80->80), which share a table
-  class with the stride-2 layer at batch 32 (kernels/NOTES.md version 20). Each runs over its candidates plus
+  class with the stride-2 layer at batch 32 and the second of which is slower than cuDNN (kernels/NOTES.md version
+  20): 80->80 runs in the flat-K order on row tiles too (``reduction_orders``). Each runs over its candidates plus
   split-K variants of the larger tiles, a 64-wide TF32 K step, 256-row tiles at 64 channels (their box tiles also
   on a persistent grid of one program per SM), box tiles on the stride-2 layer, and every whole candidate on a
   persistent grid of 1-3 programs per SM (TileConfig.persistent; so do the implicit-GEMM layers of the other
@@ -151,6 +152,46 @@ def persistent_grids(candidates: list[Any], per_sm: tuple[int, ...] = (1, 2, 3))
     return [replace(c, persistent=p) for c in whole for p in per_sm]
 
 
+# conv_choice's routing constants a sweep's reduction order sets: the filter-row order's minimum run, the direct
+# kernel's tap limit, the channel count from which the implicit GEMM reduces over channel blocks
+ROUTING = ("ROW_RUN_MIN", "MAX_DIRECT_TAPS", "FLAT_K_BELOW")
+
+
+def shipped_routing() -> tuple[int, ...]:
+    from fuser.kernels import conv_choice
+
+    return tuple(getattr(conv_choice, constant) for constant in ROUTING)
+
+
+def reduction_orders(name: str, c_in: int) -> dict[str, tuple[int, ...]]:
+    """The routings (values of ``ROUTING``) layer ``name`` runs under, by label prefix: the shipped one, unprefixed;
+    for the stems the filter-row order ('rows') and the flat-K order ('flat'); for the detect head's convs of
+    ``c_in`` channels that 64-wide blocks pad (80) also the flat-K order in place of channel blocks ('flat': 720 =
+    12 steps of 64 against 18 blocks padding 80 channels to 128 per tap, kernels/NOTES.md version 20). Prefixed
+    labels stay out of the table (:func:`cache_entries`): the table does not choose the order."""
+    shipped = shipped_routing()
+    if name in {n for n, *_ in LAYERS["stem"]}:
+        return {"rows": shipped, "flat": (10**9, *shipped[1:])}
+    if name.startswith("yolov8.head.") and c_in % 64:
+        return {"": shipped, "flat": (*shipped[:2], 10**9)}
+    return {"": shipped}
+
+
+@contextlib.contextmanager
+def routed(order: tuple[int, ...]) -> Iterator[None]:
+    """Route convs as ``order`` (values of ``ROUTING``) says, the shipped routing put back after."""
+    from fuser.kernels import conv_choice
+
+    shipped = shipped_routing()
+    for constant, value in zip(ROUTING, order, strict=True):
+        setattr(conv_choice, constant, value)
+    try:
+        yield
+    finally:
+        for constant, value in zip(ROUTING, shipped, strict=True):
+            setattr(conv_choice, constant, value)
+
+
 def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict[str, Any]:
     from fuser.epilogue import Activation, Epilogue
     from fuser.kernels import autotune, conv, conv_choice, pack_conv_weight
@@ -177,22 +218,10 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
     bias32 = b64.float().cuda()
     oh = (size + 2 * pad - k) // stride + 1
     out = torch.empty(batch, c_out, oh, oh, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
-    shipped = (conv_choice.ROW_RUN_MIN, conv_choice.MAX_DIRECT_TAPS)
-    if name in {n for n, *_ in LAYERS["stem"]}:
-        orders = {"rows": shipped, "flat": (10**9, shipped[1])}
-    else:
-        orders = {"": shipped}
+    orders = reduction_orders(name, c_in)
+    shipped = shipped_routing()
 
-    @contextlib.contextmanager
-    def routed(order: tuple[int, int]) -> Iterator[None]:
-        """Route the conv as ``order`` says: the filter-row order's minimum run, the direct kernel's tap limit."""
-        conv_choice.ROW_RUN_MIN, conv_choice.MAX_DIRECT_TAPS = order
-        try:
-            yield
-        finally:
-            conv_choice.ROW_RUN_MIN, conv_choice.MAX_DIRECT_TAPS = shipped
-
-    def plan(tile: Any, order: tuple[int, int]) -> Any:
+    def plan(tile: Any, order: tuple[int, ...]) -> Any:
         conv._plans._plans.clear()  # plans are keyed by the call, not by the reduction order
         with routed(order):
             return conv.conv2d_act_plan(x, packed, bias32, stride=stride, padding=pad, epilogue=epilogue, out=out,
@@ -217,11 +246,12 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
         with routed(routing):
             candidates = conv.conv2d_tile_candidates(x_shape, packed, stride, (pad,) * 4)
         direct = routing[1] > 0 and conv_choice.conv_kernel(c_in, c_out, 1, (k, k)) == conv_choice.ConvKernel.DIRECT
-        extras = (
-            direct_tiles(c_out)
-            if direct
-            else [*extra_tiles(c_in, c_out, k, stride, x.element_size()), *persistent_grids(candidates)]
-        )
+        if direct:
+            extras = direct_tiles(c_out)
+        elif routing[2] != shipped[2]:  # the flat order in place of channel blocks: its own row tiles only
+            extras = persistent_grids(candidates)
+        else:
+            extras = [*extra_tiles(c_in, c_out, k, stride, x.element_size()), *persistent_grids(candidates)]
         for tile in dict.fromkeys([*candidates, *extras]):
             label = f"{order}{'-' if order else ''}{tile.block_m}x{tile.block_n}x{tile.block_k}w{tile.num_warps}" + (
                 f"s{tile.num_stages}"

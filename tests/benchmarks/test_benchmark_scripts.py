@@ -544,3 +544,26 @@ def test_stall_reasons_reads_a_raw_report(tmp_path: Path) -> None:
     (tmp_path / "details.csv").write_text('"0","2155","python3.12"\n')
     with pytest.raises(ValueError, match="raw-page CSV header"):
         stall_reasons.stall_reasons(tmp_path / "details.csv")
+
+
+def test_the_sweep_routes_the_detect_heads_80_channels_through_flat_k_and_puts_the_routing_back() -> None:
+    """The 'flat' order of the head's 80->80 conv reduces over flat K (row tiles: boxes need channel blocks); its
+    64->80 conv and the other late layers keep the shipped order only; the stems keep their two orders."""
+    from benchmarks.conv_tile_sweep import reduction_orders, routed, shipped_routing
+    from fuser.kernels import conv_choice, pack_conv_weight
+    from fuser.kernels.conv import conv2d_tile_candidates
+
+    shipped = shipped_routing()
+    head = reduction_orders("yolov8.head.80x3x3@80", 80)
+    assert set(head) == {"", "flat"} and head[""] == shipped
+    assert set(reduction_orders("yolov8.head.64->80@80", 64)) == {""}
+    assert set(reduction_orders("yolov8.64x3x3@80", 64)) == {""}
+    assert set(reduction_orders("resnet50.conv1", 3)) == {"rows", "flat"}
+    packed = pack_conv_weight(torch.randn(80, 80, 3, 3).half(), "fp16")
+    assert conv_choice.reduction_order(80, 3) == conv_choice.ConvKernel.IMPLICIT_GEMM
+    with routed(head["flat"]):
+        assert conv_choice.reduction_order(80, 3) == conv_choice.ConvKernel.IMPLICIT_GEMM_FLAT_K
+        listed = conv2d_tile_candidates((31, 80, 79, 81), packed, 1, (1, 1, 1, 1))
+        assert listed and not any(c.box_w for c in listed)
+    assert shipped_routing() == shipped
+    assert any(c.box_w for c in conv2d_tile_candidates((31, 80, 79, 81), packed, 1, (1, 1, 1, 1)))
