@@ -44,7 +44,7 @@ import json
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -145,11 +145,9 @@ def long_k_tiles(c_in: int, c_out: int, stride: int, elem: int) -> list[Any]:
     return out
 
 
-def persistent_grids(candidates: list[Any], per_sm: tuple[int, ...] = (1, 2, 3)) -> list[Any]:
-    """The whole tiles among ``candidates`` on persistent grids of ``per_sm`` programs per SM (labels ending in
-    'p' and the count): the loop over tiles that Triton flattens with the reduction (TileConfig.persistent)."""
-    whole = [c for c in candidates if c.split_k == 1 and not c.stream_k and not c.persistent]
-    return [replace(c, persistent=p) for c in whole for p in per_sm]
+# Every whole candidate also runs on persistent grids of this many programs per SM (labels ending in 'p' and the
+# count; conv.persistent_variants): more than the lists offer (conv.PERSISTENT_PER_SM, 4-warp tiles only)
+SWEEP_PER_SM = (1, 2, 3)
 
 
 # conv_choice's routing constants a sweep's reduction order sets: the filter-row order's minimum run, the direct
@@ -249,9 +247,12 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
         if direct:
             extras = direct_tiles(c_out)
         elif routing[2] != shipped[2]:  # the flat order in place of channel blocks: its own row tiles only
-            extras = persistent_grids(candidates)
+            extras = conv.persistent_variants(candidates, SWEEP_PER_SM)
         else:
-            extras = [*extra_tiles(c_in, c_out, k, stride, x.element_size()), *persistent_grids(candidates)]
+            extras = [
+                *extra_tiles(c_in, c_out, k, stride, x.element_size()),
+                *conv.persistent_variants(candidates, SWEEP_PER_SM),
+            ]
         for tile in dict.fromkeys([*candidates, *extras]):
             label = f"{order}{'-' if order else ''}{tile.block_m}x{tile.block_n}x{tile.block_k}w{tile.num_warps}" + (
                 f"s{tile.num_stages}"

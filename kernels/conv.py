@@ -590,9 +590,15 @@ def persistent_twins(candidates: list[TileConfig], m: int, c_out_g: int) -> list
     first = candidates[0]
     if cdiv(m, first.block_m) * cdiv(c_out_g, first.block_n) < PERSISTENT_MIN_TILES:
         return candidates
-    whole = [c for c in candidates if c.num_warps == 4 and c.split_k == 1 and not c.stream_k and not c.persistent]
-    twins = [dataclasses.replace(c, persistent=p) for c in whole for p in PERSISTENT_PER_SM]
+    twins = persistent_variants([c for c in candidates if c.num_warps == 4], PERSISTENT_PER_SM)
     return list(dict.fromkeys([*candidates, *twins]))
+
+
+def persistent_variants(configs: Sequence[TileConfig], per_sm: Sequence[int]) -> list[TileConfig]:
+    """The whole tiles among ``configs`` (not split, not stream-K, not persistent already: what a persistent program
+    walks) on persistent grids of each of ``per_sm`` programs per SM, in that order."""
+    whole = [c for c in configs if c.split_k == 1 and not c.stream_k and not c.persistent]
+    return [dataclasses.replace(c, persistent=p) for c in whole for p in per_sm]
 
 
 VIRTUAL_CAT_ALIGN = 16  # the smallest channel block: the first source's channels must be a multiple of it

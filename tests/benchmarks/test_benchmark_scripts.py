@@ -381,12 +381,12 @@ def test_stem_sweeps_enter_the_table_as_the_direct_kernels_choices(tmp_path: Pat
 
 def test_persistent_twins_enter_the_table_with_their_programs_per_sm(tmp_path: Path) -> None:
     """A label ending in 'p' and a count is the tile on a persistent grid of that many programs per SM."""
-    from benchmarks.conv_tile_sweep import persistent_grids
     from benchmarks.tile_table import merge_sweeps
     from fuser.kernels.autotune import TileConfig
+    from fuser.kernels.conv import persistent_variants
 
     box = TileConfig(128, 64, 64, 8, 8, 3, box_w=16)
-    twins = persistent_grids([box, TileConfig(64, 64, 64, 8, 4, 4, split_k=2)], per_sm=(2, 3))
+    twins = persistent_variants([box, TileConfig(64, 64, 64, 8, 4, 4, split_k=2)], (2, 3))
     assert [(t.box_w, t.persistent) for t in twins] == [(16, 2), (16, 3)]
     sweep = _sweep({"128x64x64w8s3b16": 0.068, "128x64x64w8s3b16p2": 0.061, "128x64x64w8s3b16p3": 0.064},
                    "yolov8.64x3x3@80")  # fmt: skip

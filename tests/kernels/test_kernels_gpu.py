@@ -28,6 +28,7 @@ from fuser.kernels import (
 )
 from fuser.kernels import launch as launch_module
 from fuser.kernels.autotune import TileConfig
+from fuser.kernels.conv import persistent_variants
 
 pytestmark = pytest.mark.gpu
 
@@ -455,15 +456,12 @@ def test_persistent_twins_on_3x3(case: ConvCase, precision: str, dtype: torch.dt
     sweep measures them (the lists offer the 4-warp twins on grids of many tiles, which the models' test above
     runs): Triton flattens its tile loop with the reduction loop, the kind of loop nest it has miscompiled at 8
     warps (issue 8 item 6), so every twin is checked against float64."""
-    import dataclasses
-
     epilogue = Epilogue(Activation.SILU, residual=Residual.AFTER_ACT)
     x, w, b, residual = conv_inputs(case, epilogue, dtype, device="cuda")
     packed = pack_conv_weight(w, precision, groups=case.groups)
     ref = conv_reference(x, w, b, case, epilogue, residual)
     configs = conv2d_tile_candidates(x.shape, packed, case.stride, case.padding, case.dilation)
-    twins = [dataclasses.replace(c, persistent=p) for c in configs if c.split_k == 1 and not c.stream_k
-             for p in (1, 2, 3)]  # fmt: skip
+    twins = persistent_variants(configs, (1, 2, 3))
     wrong, ran = [], 0
     for config in twins:
         error = forced_tile_error(case, x, packed, b, residual, ref, epilogue, config)
