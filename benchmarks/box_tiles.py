@@ -112,7 +112,7 @@ def layer_rows(layer, batch: int, dtype_name: str) -> dict:
     oh = layer.out_size()
     m, k = batch * oh * oh, 9 * layer.c_in
     elem = packed.data.element_size()
-    rows = conv_candidates(m, layer.c_in, layer.c_out, k, elem, reduction_order(layer.c_in, 3), 3, 3)
+    rows = conv_candidates(m, layer.c_in, layer.c_out, k, elem, reduction_order(layer.c_in, 3, 3), 3, 3)
     _, arch, sms = device_facts(torch.device("cuda"))
     problem = Problem(m, layer.c_out, k, 1, elem, PRECISION_OF[dtype_name])
     row_default = default_config("conv2d_act", rows, problem, arch, sms)

@@ -19,8 +19,9 @@ Four groups of layers (the first two from benchmarks/kernel_timeline.py, H200, u
   ResNet-50's stride-1 3x3 convs at 28x28 and 14x14, where tuning chose shifted taps that the shipped table does
   not rank (results/gpu-models-2026-12-03g-tuned.json: the table's runs measured only the stride-2 conv of the
   same GEMM shape); and the 3x3 convs of YOLOv8n's detect head at 80x80 (64->80, 80->80), which share a table
-  class with the stride-2 layer at batch 32 and the second of which is slower than cuDNN (kernels/NOTES.md version
-  20): 80->80 runs in the flat-K order on row tiles too (``reduction_orders``). Each runs over its candidates plus
+  class with the stride-2 layer at batch 32 and the second of which was slower than cuDNN in channel blocks
+  (kernels/NOTES.md version 20): 80->80, routed to flat K since (version 21), also runs in the channel-block
+  order it left (``reduction_orders``). Each runs over its candidates plus
   split-K variants of the larger tiles, a 64-wide TF32 K step, 256-row tiles at 64 channels (their box tiles also
   on a persistent grid of one program per SM), box tiles on the stride-2 layer, and every whole candidate on a
   persistent grid of 1-3 programs per SM (TileConfig.persistent; so do the implicit-GEMM layers of the other
@@ -151,32 +152,43 @@ SWEEP_PER_SM = (1, 2, 3)
 
 
 # conv_choice's routing constants a sweep's reduction order sets: the filter-row order's minimum run, the direct
-# kernel's tap limit, the channel count from which the implicit GEMM reduces over channel blocks
-ROUTING = ("ROW_RUN_MIN", "MAX_DIRECT_TAPS", "FLAT_K_BELOW")
+# kernel's tap limit, the channel count from which the implicit GEMM reduces over channel blocks, and the share of
+# padded channel-block lanes above which it reduces over flat K instead
+ROUTING = ("ROW_RUN_MIN", "MAX_DIRECT_TAPS", "FLAT_K_BELOW", "FLAT_K_PAD_ABOVE")
 
 
-def shipped_routing() -> tuple[int, ...]:
+def shipped_routing() -> tuple[float, ...]:
     from fuser.kernels import conv_choice
 
     return tuple(getattr(conv_choice, constant) for constant in ROUTING)
 
 
-def reduction_orders(name: str, c_in: int) -> dict[str, tuple[int, ...]]:
+def rerouted(**values: float) -> tuple[float, ...]:
+    """The shipped routing with the named ``ROUTING`` constants set to ``values``."""
+    unknown = set(values) - set(ROUTING)
+    if unknown:
+        raise ValueError(f"not routing constants: {sorted(unknown)} (ROUTING: {ROUTING})")
+    return tuple(values.get(constant, shipped) for constant, shipped in zip(ROUTING, shipped_routing(), strict=True))
+
+
+def reduction_orders(name: str, c_in: int) -> dict[str, tuple[float, ...]]:
     """The routings (values of ``ROUTING``) layer ``name`` runs under, by label prefix: the shipped one, unprefixed;
-    for the stems the filter-row order ('rows') and the flat-K order ('flat'); for the detect head's convs of
-    ``c_in`` channels that 64-wide blocks pad (80) also the flat-K order in place of channel blocks ('flat': 720 =
-    12 steps of 64 against 18 blocks padding 80 channels to 128 per tap, kernels/NOTES.md version 20). Prefixed
-    labels stay out of the table (:func:`cache_entries`): the table does not choose the order."""
+    for the stems the filter-row order ('rows') and the flat-K order ('flat'); for a 3x3 conv of ``c_in`` channels
+    that the shipped routing sends to flat K because channel blocks would pad them (80: kernels/NOTES.md version
+    21) also the channel blocks it left ('blocks'). Prefixed labels stay out of the table (:func:`cache_entries`):
+    the table does not choose the order."""
+    from fuser.kernels import conv_choice
+
     shipped = shipped_routing()
     if name in {n for n, *_ in LAYERS["stem"]}:
-        return {"rows": shipped, "flat": (10**9, *shipped[1:])}
-    if name.startswith("yolov8.head.") and c_in % 64:
-        return {"": shipped, "flat": (*shipped[:2], 10**9)}
+        return {"rows": shipped, "flat": rerouted(ROW_RUN_MIN=10**9)}
+    if conv_choice.reduction_order(c_in, 3, 3) != conv_choice.reduction_order(c_in, 1, 1):
+        return {"": shipped, "blocks": rerouted(FLAT_K_PAD_ABOVE=1.0)}
     return {"": shipped}
 
 
 @contextlib.contextmanager
-def routed(order: tuple[int, ...]) -> Iterator[None]:
+def routed(order: tuple[float, ...]) -> Iterator[None]:
     """Route convs as ``order`` (values of ``ROUTING``) says, the shipped routing put back after."""
     from fuser.kernels import conv_choice
 
@@ -212,6 +224,7 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
     b_cl = b64.to("cuda", dtype)
     cudnn = lambda: torch_act(F.conv2d(x * scale if scaled else x, w_cl, b_cl, stride, pad))
     row: dict[str, Any] = {"layer": name, "batch": batch, "dtype": dtype_name, "cudnn_ms": do_bench_ms(cudnn)}
+    row["order"] = conv_choice.conv_kernel(c_in, c_out, 1, (k, k), (stride, stride), pad).value  # unprefixed labels'
     packed = pack_conv_weight(w64.to("cuda", dtype), precision)
     bias32 = b64.float().cuda()
     oh = (size + 2 * pad - k) // stride + 1
@@ -219,7 +232,7 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
     orders = reduction_orders(name, c_in)
     shipped = shipped_routing()
 
-    def plan(tile: Any, order: tuple[int, ...]) -> Any:
+    def plan(tile: Any, order: tuple[float, ...]) -> Any:
         conv._plans._plans.clear()  # plans are keyed by the call, not by the reduction order
         with routed(order):
             return conv.conv2d_act_plan(x, packed, bias32, stride=stride, padding=pad, epilogue=epilogue, out=out,
@@ -243,11 +256,11 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
     for order, routing in orders.items():
         with routed(routing):
             candidates = conv.conv2d_tile_candidates(x_shape, packed, stride, (pad,) * 4)
-        direct = routing[1] > 0 and conv_choice.conv_kernel(c_in, c_out, 1, (k, k)) == conv_choice.ConvKernel.DIRECT
-        if direct:
+            kernel = conv_choice.conv_kernel(c_in, c_out, 1, (k, k))
+        if kernel == conv_choice.ConvKernel.DIRECT:
             extras = direct_tiles(c_out)
-        elif routing[2] != shipped[2]:  # the flat order in place of channel blocks: its own row tiles only
-            extras = conv.persistent_variants(candidates, SWEEP_PER_SM)
+        elif kernel == conv_choice.ConvKernel.IMPLICIT_GEMM_FLAT_K and c_in >= conv_choice.FLAT_K_BELOW:
+            extras = conv.persistent_variants(candidates, SWEEP_PER_SM)  # flat K for padded blocks: row tiles only
         else:
             extras = [
                 *extra_tiles(c_in, c_out, k, stride, x.element_size()),
@@ -282,11 +295,17 @@ def cache_entries(result: dict[str, Any], groups: tuple[str, ...] = ("late", "rg
     every forced config's time), which ``fuser.kernels.tile_table.build_table`` ranks: what ``benchmarks.tile_table
     --from-sweep`` adds to the shipped table. A config that failed to run, or whose output was beyond the
     precision's tolerance of float64, counts as not running. Rows of other groups, configs labelled with a
-    reduction order (the stem's), and the masked shifted taps of sweeps before the bordered input (rows without
-    ``bordered_copy_ms``) are left out."""
+    reduction order (the stem's), the masked shifted taps of sweeps before the bordered input (rows without
+    ``bordered_copy_ms``), and rows whose unprefixed labels ran in another reduction order than the shipped routing
+    gives the layer now (``order``; rows of sweeps before it was recorded ran without ``FLAT_K_PAD_ABOVE``) are left
+    out: their configs named other kernels."""
     from fuser.kernels.autotune import TileConfig
     from fuser.kernels.conv_choice import ConvKernel, conv_kernel
     from fuser.verification import TOLERANCE
+
+    def order_before_recorded(c_in: int, c_out: int, k: int, stride: int, pad: int) -> str:
+        with routed(rerouted(FLAT_K_PAD_ABOVE=1.0)):
+            return conv_kernel(c_in, c_out, 1, (k, k), (stride, stride), pad).value
 
     layers = {layer[0]: layer for group in groups for layer in LAYERS[group]}
     precision = {dtype: prec for _, dtype, prec in REGIMES.values()}  # as layer_row packed the weights
@@ -296,6 +315,8 @@ def cache_entries(result: dict[str, Any], groups: tuple[str, ...] = ("late", "rg
             continue
         _, c_in, c_out, k, stride, pad, size, _, _ = layers[row["layer"]]
         kernel = conv_kernel(c_in, c_out, 1, (k, k), (stride, stride), pad)
+        if row.get("order", order_before_recorded(c_in, c_out, k, stride, pad)) != kernel.value:
+            continue
         name = {ConvKernel.GEMM_1X1: "gemm_act", ConvKernel.DIRECT: "direct_conv_act"}.get(kernel, "conv2d_act")
         group_m = 1 if kernel == ConvKernel.DIRECT else 8  # as direct_candidates / the GEMM candidates list them
         oh = (size + 2 * pad - k) // stride + 1

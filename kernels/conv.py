@@ -54,7 +54,7 @@ from .conv_boxes import (
     strided_box_twins,
     tap_shift_refusal,
 )
-from .conv_choice import ConvKernel, conv_kernel, reduction_order
+from .conv_choice import ConvKernel, channel_block, conv_kernel, reduction_order
 from .depthwise import depthwise_candidates, prepare_depthwise
 from .direct_conv import direct_candidates, prepare_direct
 from .epilogue import NO_EPILOGUE, Epilogue
@@ -503,7 +503,7 @@ def conv_candidates(
         bk = row_block(c_in_g, kw)
         steps = lambda c: kh
     else:
-        bk = min(64 if operand_bytes == 2 else 32, max(16, triton.next_power_of_2(c_in_g)))
+        bk = channel_block(c_in_g) if operand_bytes == 2 else min(32, channel_block(c_in_g))
         steps = lambda c: kh * kw * cdiv(c_in_g, c.block_k)
     candidates = split_k_candidates(matmul_candidates(m, c_out_g, k_total, bk), m, c_out_g, steps)
     return wide_split_candidates(candidates, m, c_out_g, steps) if order == ConvKernel.IMPLICIT_GEMM else candidates
@@ -946,7 +946,9 @@ def prepare_implicit_gemm(
     c_in_g, c_out_g = c_in // groups, c_out // groups
     m = n * oh * ow
     k_total = weight.k_total
-    order = reduction_order(c_in_g, kw)
+    # A virtual concatenation's gather lives in the channel-block loop (each block reads one source), whatever
+    # the routing would pick for the channel count.
+    order = ConvKernel.IMPLICIT_GEMM if virtual is not None else reduction_order(c_in_g, kh, kw)
     rows = lambda t: t.as_strided((m, c_out), (t.stride(2), 1))
     out2 = rows(out_nhwc)
     elem = w_data.element_size()

@@ -12,9 +12,10 @@ The order, first match wins:
    output (the RGB stem, any stride or padding): the direct kernel (direct_conv.py);
 3. 1x1, stride 1, no padding, one group: the plain GEMM on the NHWC rows (gemm.py);
 4. everything else: the implicit GEMM (conv.py), reducing over (tap, channel block) steps from
-   ``FLAT_K_BELOW`` input channels per group up; below it over filter rows where a row holds at least
-   ``ROW_RUN_MIN`` to ``ROW_RUN_MAX`` (kw, channel) weights (the 7x7 RGB stem, patch embeddings), else over
-   flat K.
+   ``FLAT_K_BELOW`` input channels per group up, unless a filter of several taps would pad more than
+   ``FLAT_K_PAD_ABOVE`` of each tap's channel blocks (then over flat K); below ``FLAT_K_BELOW`` over filter
+   rows where a row holds at least ``ROW_RUN_MIN`` to ``ROW_RUN_MAX`` (kw, channel) weights (the 7x7 RGB
+   stem, patch embeddings), else over flat K.
 
 Stride and padding only choose between the two tensor-core kernels (3 and 4), so a caller that does not
 know them (packing) gets the right layout and rounding from the defaults. Split-K is not a different
@@ -34,6 +35,13 @@ FLAT_K_BELOW = 16  # below this many input channels per group the flat-K order w
 # of every element's (kh, kw, c) and bounds per step, which bound the 7x7 stem at batch 32 (kernels/NOTES.md).
 ROW_RUN_MIN = 16
 ROW_RUN_MAX = 128  # a row is one K step (conv.py): longer rows take the flat order
+# Channel blocks pad each tap's channels to a whole block (``channel_block``), a cost the flat-K order pays once
+# per filter instead of once per tap. YOLOv8n's detect head has 80 channels: blocks of 64 make 18 steps of which
+# 37.5% are zeros, flat K 12 (720 in 64s). On the H200 (results/conv-tile-sweep-2026-12-04e.json, -04f.json) its
+# 80->80 3x3 @80 ran 131.5 us in flat K against 178 for the best channel-block tile at batch 32 fp16, 275 against
+# 297 in tf32 (whose 32-wide blocks pad 17%), 9.2 against 11.1 at batch 1 fp16, and 15.4 against 14.7 at batch 1
+# tf32 (the one regime it lost, by 5%). Measured on 80 channels only; 48, 96 and 144 pad 25% and stay in blocks.
+FLAT_K_PAD_ABOVE = 0.25
 
 
 class ConvKernel(str, enum.Enum):
@@ -95,13 +103,26 @@ def conv_kernel(
         return ConvKernel.DIRECT
     if (kh, kw) == (1, 1) and tuple(stride) == (1, 1) and not _has_padding(padding) and groups == 1:
         return ConvKernel.GEMM_1X1
-    return reduction_order(c_in_g, kw)
+    return reduction_order(c_in_g, kh, kw)
 
 
-def reduction_order(c_in_g: int, kw: int) -> ConvKernel:
-    """How the implicit GEMM walks its reduction for ``c_in_g`` input channels per group and filters ``kw``
-    wide: one of the three ``IMPLICIT_GEMM*`` choices (conv.py's ``K_ORDER``)."""
+def channel_block(c_in_g: int) -> int:
+    """The channel block of a 16-bit implicit GEMM over ``c_in_g`` channels per tap (conv.py's
+    ``conv_candidates``; float32 operands take half of it from 64): the channels' power of two, 16 to 64."""
+    return min(64, max(16, 1 << (c_in_g - 1).bit_length()))
+
+
+def channel_padding(c_in_g: int) -> float:
+    """The share of a tap's channel-block lanes that are zeros: 0.375 for 80 channels in two blocks of 64."""
+    block = channel_block(c_in_g)
+    return 1 - c_in_g / (-(-c_in_g // block) * block)
+
+
+def reduction_order(c_in_g: int, kh: int, kw: int) -> ConvKernel:
+    """How the implicit GEMM walks its reduction for ``c_in_g`` input channels per group and a ``kh x kw``
+    filter: one of the three ``IMPLICIT_GEMM*`` choices (conv.py's ``K_ORDER``)."""
     if c_in_g >= FLAT_K_BELOW:
-        return ConvKernel.IMPLICIT_GEMM
+        padded = kh * kw > 1 and channel_padding(c_in_g) > FLAT_K_PAD_ABOVE
+        return ConvKernel.IMPLICIT_GEMM_FLAT_K if padded else ConvKernel.IMPLICIT_GEMM
     rows = ROW_RUN_MIN <= kw * c_in_g <= ROW_RUN_MAX
     return ConvKernel.IMPLICIT_GEMM_ROW_RUNS if rows else ConvKernel.IMPLICIT_GEMM_FLAT_K

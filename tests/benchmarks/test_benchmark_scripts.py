@@ -404,17 +404,23 @@ SWEPT_CHOICES = [
     ("conv-tile-sweep-2026-12-04-persistent.json", (32, 64, 80, 80), 1, 64, "tf32", (128, 64, 32, 4, 4, 16, 2)),
     ("conv-tile-sweep-2026-12-04b.json", (32, 64, 160, 160), 2, 128, "tf32", (128, 128, 32, 4, 4, 16, 0)),
     ("conv-tile-sweep-2026-12-04c.json", (32, 64, 160, 160), 2, 128, "fp16", (64, 128, 64, 4, 3, 16, 3)),
+    # the detect head's 80->80 @80 in flat K (row tiles), batch 32 and 1
+    ("conv-tile-sweep-2026-12-04g.json", (32, 80, 80, 80), 1, 80, "fp16", (128, 128, 64, 8, 3, 0, 0)),
+    ("conv-tile-sweep-2026-12-04g.json", (32, 80, 80, 80), 1, 80, "tf32", (128, 128, 64, 8, 3, 0, 0)),
+    ("conv-tile-sweep-2026-12-04g.json", (1, 80, 80, 80), 1, 80, "fp16", (64, 128, 64, 4, 4, 0, 0)),
+    ("conv-tile-sweep-2026-12-04g.json", (1, 80, 80, 80), 1, 80, "tf32", (64, 128, 64, 4, 4, 0, 0)),
 ]
 
 
 @pytest.mark.parametrize(("sweep", "shape", "stride", "c_out", "precision", "chosen"), SWEPT_CHOICES,
-                         ids=[f"{c[0][16:-5]}-{c[3]}-s{c[2]}-{c[4]}" for c in SWEPT_CHOICES])  # fmt: skip
+                         ids=[f"{c[0][16:-5]}-b{c[1][0]}-{c[3]}-s{c[2]}-{c[4]}" for c in SWEPT_CHOICES])  # fmt: skip
 def test_a_committed_sweep_makes_its_best_tile_the_tables_choice(
     sweep: str, shape: tuple[int, int, int, int], stride: int, c_out: int, precision: str, chosen: tuple
 ) -> None:
     """The committed sweep's fastest tile is one the candidate list offers (a persistent twin on 64->64 @80, a
-    strided box, persistent in fp16, on 64->128 stride 2), so the table rebuilt from that sweep makes it the
-    launcher's choice (-04c.json also measured the detect head's convs of the same class)."""
+    strided box, persistent in fp16, on 64->128 stride 2, a flat-K row tile on the detect head's 80->80), so the
+    table rebuilt from that sweep makes it the launcher's choice (-04c.json also measured the detect head's convs of
+    the same class, its 80->80 in the channel blocks it no longer runs: left out)."""
     from benchmarks.tile_table import merge_sweeps
     from fuser.kernels import pack_conv_weight, tile_table
     from fuser.kernels.autotune import Problem
@@ -454,6 +460,24 @@ def test_shifted_taps_enter_the_table_only_from_sweeps_of_the_bordered_input(tmp
     assert ranked[1]["rel"] == pytest.approx(0.034 / 0.027, abs=1e-4)
     ranked = merge_sweeps(table, [tmp_path / "masked.json"])[0]["entries"][resnet]["ranked"]
     assert [r["config"]["tap_shift"] for r in ranked] == [0]
+
+
+def test_sweep_rows_enter_the_table_only_in_the_reduction_order_the_layer_runs_now() -> None:
+    """The detect head's 80->80 conv ran in channel blocks in sweeps before its routing to flat K, which did not
+    record an order: those rows name other kernels' tiles and are left out; a row recording the flat order is read;
+    a row recording channel blocks is left out too."""
+    from benchmarks.conv_tile_sweep import cache_entries
+
+    head = "yolov8.head.80x3x3@80"
+    before = _sweep({"128x128x64w8s3": 0.18}, layer=head)
+    flat = _sweep({"128x128x64w8s3": 0.13}, layer=head)
+    flat["rows"][0]["order"] = "implicit-gemm conv (flat K)"
+    blocks = _sweep({"128x128x64w8s3": 0.18}, layer=head)
+    blocks["rows"][0]["order"] = "implicit-gemm conv"
+    assert cache_entries(before) == [] and cache_entries(blocks) == []
+    (entry,) = cache_entries(flat)
+    assert entry["problem"]["k"] == 720 and [t for _, t in entry["timings_ms"]] == [0.13]
+    assert len(cache_entries(_sweep({"128x128x64w8s3": 0.05}, layer="yolov8.64x3x3@80"))) == 1  # no order: blocks
 
 
 def test_the_shipped_table_picks_what_the_late_layer_sweep_measured_fastest() -> None:
@@ -546,24 +570,27 @@ def test_stall_reasons_reads_a_raw_report(tmp_path: Path) -> None:
         stall_reasons.stall_reasons(tmp_path / "details.csv")
 
 
-def test_the_sweep_routes_the_detect_heads_80_channels_through_flat_k_and_puts_the_routing_back() -> None:
-    """The 'flat' order of the head's 80->80 conv reduces over flat K (row tiles: boxes need channel blocks); its
-    64->80 conv and the other late layers keep the shipped order only; the stems keep their two orders."""
-    from benchmarks.conv_tile_sweep import reduction_orders, routed, shipped_routing
+def test_the_sweep_runs_the_detect_heads_80_channels_in_the_blocks_flat_k_left_and_puts_the_routing_back() -> None:
+    """The head's 80->80 conv, routed to flat K (row tiles: boxes need channel blocks), also runs in channel blocks
+    ('blocks', boxes among its tiles); its 64->80 conv and the other late layers keep the shipped order only; the
+    stems keep their two orders; a routing constant the sweep does not know is named."""
+    from benchmarks.conv_tile_sweep import reduction_orders, rerouted, routed, shipped_routing
     from fuser.kernels import conv_choice, pack_conv_weight
     from fuser.kernels.conv import conv2d_tile_candidates
 
     shipped = shipped_routing()
     head = reduction_orders("yolov8.head.80x3x3@80", 80)
-    assert set(head) == {"", "flat"} and head[""] == shipped
+    assert set(head) == {"", "blocks"} and head[""] == shipped
     assert set(reduction_orders("yolov8.head.64->80@80", 64)) == {""}
     assert set(reduction_orders("yolov8.64x3x3@80", 64)) == {""}
     assert set(reduction_orders("resnet50.conv1", 3)) == {"rows", "flat"}
     packed = pack_conv_weight(torch.randn(80, 80, 3, 3).half(), "fp16")
-    assert conv_choice.reduction_order(80, 3) == conv_choice.ConvKernel.IMPLICIT_GEMM
-    with routed(head["flat"]):
-        assert conv_choice.reduction_order(80, 3) == conv_choice.ConvKernel.IMPLICIT_GEMM_FLAT_K
-        listed = conv2d_tile_candidates((31, 80, 79, 81), packed, 1, (1, 1, 1, 1))
-        assert listed and not any(c.box_w for c in listed)
+    assert conv_choice.reduction_order(80, 3, 3) == conv_choice.ConvKernel.IMPLICIT_GEMM_FLAT_K
+    listed = conv2d_tile_candidates((31, 80, 79, 81), packed, 1, (1, 1, 1, 1))
+    assert listed and not any(c.box_w for c in listed)
+    with routed(head["blocks"]):
+        assert conv_choice.reduction_order(80, 3, 3) == conv_choice.ConvKernel.IMPLICIT_GEMM
+        assert any(c.box_w for c in conv2d_tile_candidates((31, 80, 79, 81), packed, 1, (1, 1, 1, 1)))
     assert shipped_routing() == shipped
-    assert any(c.box_w for c in conv2d_tile_candidates((31, 80, 79, 81), packed, 1, (1, 1, 1, 1)))
+    with pytest.raises(ValueError, match="FLAT_K_PADDING"):
+        rerouted(FLAT_K_PADDING=0.5)

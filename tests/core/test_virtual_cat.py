@@ -18,7 +18,8 @@ from fuser.kernels import conv2d_act, pack_conv_weight
 from fuser.kernels.tile_config import TileConfig
 from fuser.onnx.exporter import export_onnx
 
-# (C_a, C_b, kernel, stride, padding, C_out): 1x1 (C2f's cv1), 3x3 padded, strided, C_a a multiple of 16 only
+# (C_a, C_b, kernel, stride, padding, C_out): 1x1 (C2f's cv1), 3x3 padded (37 channels, which the routing alone
+# sends to flat K: a virtual input keeps channel blocks), strided, C_a a multiple of 16 only
 CASES = [(32, 19, 1, 1, 0, 13), (16, 21, 3, 1, 1, 11), (48, 5, 3, 2, 1, 7), (32, 3, 1, 1, 0, 9)]
 
 

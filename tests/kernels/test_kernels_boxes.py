@@ -23,7 +23,7 @@ BOX_TILE = TileConfig(32, 16, 16, 2, 4, 1, box_w=8)  # boxes 4 rows x 8 columns
 # Output channels are multiples of 8: 16-byte rows in 16-bit dtypes, as box tiles need.
 BOX_CASES = [
     ConvCase("s1_c24_odd", 2, 24, 24, (11, 13), 3, padding=(1, 1, 1, 1)),
-    ConvCase("s1_c40_asym", 1, 40, 24, (9, 7), 3, padding=(0, 2, 2, 0)),
+    ConvCase("s1_c48_asym", 1, 48, 24, (9, 7), 3, padding=(0, 2, 2, 0)),  # 48: channel blocks (40: flat K)
     ConvCase("s2_c32_even", 2, 32, 40, (14, 10), 3, stride=2, padding=(1, 1, 1, 1)),
     ConvCase("s21_c16", 1, 16, 8, (10, 9), 3, stride=(2, 1), padding=(1, 0, 1, 1)),
     ConvCase("s1_k5_c16", 1, 16, 56, (9, 11), 5, padding=(2, 2, 2, 2)),

@@ -42,7 +42,7 @@ def shared_tiles(case: ConvCase, config: TileConfig) -> tuple[int, int, int]:
     """(tiles whose steps two or more programs share, most programs on one tile, the launch's slots)."""
     oh, ow = conv_output_hw(case)
     tiles = cdiv(case.batch * oh * ow, config.block_m) * cdiv(case.c_out, config.block_n)
-    steps = reduction_step_count(reduction_order(case.c_in, 3), (3, 3), case.c_in, case.c_in * 9, config.block_k)
+    steps = reduction_step_count(reduction_order(case.c_in, 3, 3), (3, 3), case.c_in, case.c_in * 9, config.block_k)
     programs, slots = stream_k_grid(config, tiles, steps, STREAM_K_INTERPRETER_SMS)
     counts = programs_per_tile(tiles, steps, programs)
     return sum(c > 1 for c in counts), max(counts), slots

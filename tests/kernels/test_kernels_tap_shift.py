@@ -28,7 +28,7 @@ SHIFT_TILE = TileConfig(32, 16, 16, 2, 4, 1, tap_shift=1)
 # of 8: 16-byte rows in 16-bit dtypes, as the descriptor path needs.
 SHIFT_CASES = [
     ConvCase("c24_odd", 2, 24, 24, (11, 13), 3, padding=(1, 1, 1, 1)),
-    ConvCase("c40_top_left", 1, 40, 24, (9, 7), 3, padding=(2, 0, 2, 0)),
+    ConvCase("c48_top_left", 1, 48, 24, (9, 7), 3, padding=(2, 0, 2, 0)),  # 48: channel blocks (40 is flat K)
     ConvCase("k5_c16", 1, 16, 56, (9, 11), 5, padding=(2, 2, 2, 2)),
     ConvCase("k1x3_c32", 2, 32, 16, (7, 9), (1, 3), padding=(0, 0, 1, 1)),
     ConvCase("small_images_c16", 5, 16, 24, (5, 3), 3, padding=(1, 1, 1, 1)),

@@ -50,11 +50,12 @@ def gemm_call(
 
 # Channel blocks (27 steps of 16 channels), flat K (3 steps of 16), grouped, and a non-square
 # stride / dilation; split counts that divide the steps unevenly and (5 on flat K) leave splits empty.
+# (Channel counts whose blocks pad more than a quarter, as 40 or 19, take flat K: conv_choice.FLAT_K_PAD_ABOVE.)
 SPLIT_CASES = [
-    ConvCase("cblock_c40_b1", 1, 40, 37, (5, 7), 3, padding=(1, 1, 1, 1)),
+    ConvCase("cblock_c48_b1", 1, 48, 37, (5, 7), 3, padding=(1, 1, 1, 1)),
     ConvCase("flat_c5", 1, 5, 11, (7, 9), 3, padding=(1, 1, 1, 1)),
-    ConvCase("grouped_c40_g2", 1, 40, 22, (5, 7), 3, padding=(0, 1, 1, 0), groups=2),
-    ConvCase("s12_d21_c19_b3", 3, 19, 13, (9, 11), 3, stride=(1, 2), padding=(2, 2, 1, 1), dilation=(2, 1)),
+    ConvCase("grouped_c48_g2", 1, 48, 22, (5, 7), 3, padding=(0, 1, 1, 0), groups=2),
+    ConvCase("s12_d21_c25_b3", 3, 25, 13, (9, 11), 3, stride=(1, 2), padding=(2, 2, 1, 1), dilation=(2, 1)),
 ]
 
 
@@ -141,7 +142,7 @@ def test_small_grid_default_is_split() -> None:
 # Small grids, so every candidate list holds split and small-tile variants: each config must compute
 # the same convolution (issue: num_warps / stages are ignored here, the GPU test sweeps those).
 SWEEP_CONVS = [
-    ConvCase("late_c40_5x7", 1, 40, 37, (5, 7), 3, padding=(1, 1, 1, 1)),
+    ConvCase("late_c48_5x7", 1, 48, 37, (5, 7), 3, padding=(1, 1, 1, 1)),  # channel blocks: 48 pads 25%
     ConvCase("late_flat_c15_k5x9", 1, 15, 11, (7, 9), (5, 9), padding=(2, 2, 4, 4)),  # 11 flat-K steps of 64
     # 7 filter rows of 84 weights: too few steps to split, small tiles still listed
     ConvCase("late_rows_c12_k7", 1, 12, 11, (7, 9), 7, padding=(3, 3, 3, 3)),
@@ -212,7 +213,8 @@ def test_dot_precision_reaches_the_dot(monkeypatch: pytest.MonkeyPatch, precisio
 
 # The report's kernel name against the kernel the launcher runs, for each routing rule and its edges:
 # the RGB stem (direct, not implicit GEMM), a padded 1x1 (implicit GEMM, not the 1x1 GEMM), a 1x1 with 3
-# input channels (direct), a strided 1x1, depthwise, flat K and channel blocks.
+# input channels (direct), a strided 1x1, depthwise, flat K (few channels, or channel blocks padding more than a
+# quarter of their lanes) and channel blocks.
 ROUTES = {
     "stem_3x3_s2": (dict(in_channels=3, out_channels=16, kernel_size=3, stride=2, padding=1), ConvKernel.DIRECT),
     "padded_1x1": (dict(in_channels=19, out_channels=7, kernel_size=1, padding=1), ConvKernel.IMPLICIT_GEMM),
@@ -221,7 +223,11 @@ ROUTES = {
     "strided_1x1": (dict(in_channels=5, out_channels=7, kernel_size=1, stride=(1, 2)), ConvKernel.IMPLICIT_GEMM_FLAT_K),
     "depthwise": (dict(in_channels=5, out_channels=5, kernel_size=3, padding=1, groups=5), ConvKernel.DEPTHWISE),
     "flat_k_c5": (dict(in_channels=5, out_channels=7, kernel_size=3, padding=1), ConvKernel.IMPLICIT_GEMM_FLAT_K),
-    "cblock_c19": (dict(in_channels=19, out_channels=7, kernel_size=3, dilation=(1, 2)), ConvKernel.IMPLICIT_GEMM),
+    "cblock_c24": (dict(in_channels=24, out_channels=7, kernel_size=3, dilation=(1, 2)), ConvKernel.IMPLICIT_GEMM),
+    "flat_k_padded_c37": (
+        dict(in_channels=37, out_channels=7, kernel_size=3, padding=1),
+        ConvKernel.IMPLICIT_GEMM_FLAT_K,
+    ),
     "rows_7x7_c3": (
         dict(in_channels=3, out_channels=9, kernel_size=7, stride=2, padding=3),
         ConvKernel.IMPLICIT_GEMM_ROW_RUNS,
@@ -267,6 +273,14 @@ def test_conv_kernel_rules() -> None:
     assert conv_kernel(15, 16, 1, (1, 9)) == ConvKernel.IMPLICIT_GEMM_FLAT_K  # a row of 135: over one K step
     assert conv_kernel(8, 12, 4, (3, 3)) == ConvKernel.DIRECT  # 2 channels per group
     assert conv_kernel(19, 7, 1, (1, 1), padding="same") == ConvKernel.GEMM_1X1
+    # channel blocks unless they pad more than a quarter of each tap's lanes (conv_choice.FLAT_K_PAD_ABOVE)
+    assert conv_kernel(80, 80, 1, (3, 3)) == ConvKernel.IMPLICIT_GEMM_FLAT_K  # 2 blocks of 64: 37.5% zeros
+    assert conv_kernel(160, 80, 2, (3, 3)) == ConvKernel.IMPLICIT_GEMM_FLAT_K  # 80 per group
+    assert conv_kernel(96, 80, 1, (3, 3)) == ConvKernel.IMPLICIT_GEMM  # 25%: not more than a quarter
+    assert conv_kernel(64, 80, 1, (3, 3)) == ConvKernel.IMPLICIT_GEMM
+    assert conv_kernel(24, 80, 1, (3, 3)) == ConvKernel.IMPLICIT_GEMM  # one block of 32, 25%
+    assert conv_kernel(80, 80, 1, (1, 1), padding=1) == ConvKernel.IMPLICIT_GEMM  # one tap: flat K pads alike
+    assert conv_kernel(80, 80, 1, (1, 1)) == ConvKernel.GEMM_1X1
     assert not ConvKernel.DIRECT.tensor_cores and ConvKernel.GEMM_1X1.tensor_cores
 
 

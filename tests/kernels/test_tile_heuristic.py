@@ -36,7 +36,7 @@ def cases():
         k_total = c_in_g * taps
         kw = math.isqrt(taps)
         for order in dict.fromkeys(
-            (ConvKernel.IMPLICIT_GEMM, ConvKernel.IMPLICIT_GEMM_FLAT_K, reduction_order(c_in_g, kw))
+            (ConvKernel.IMPLICIT_GEMM, ConvKernel.IMPLICIT_GEMM_FLAT_K, reduction_order(c_in_g, kw, kw))
         ):
             candidates = conv_candidates(m, c_in_g, c_out_g, k_total, elem, order, kw, kw)
             yield "conv2d_act", candidates, Problem(m, c_out_g, k_total, groups, elem, precision)
@@ -95,7 +95,7 @@ def test_a_second_resident_cta_wins_on_the_implicit_gemm() -> None:
     tiles at 3 stages (two CTAs per SM) ran 186 us, 256x128 at 3 stages 240 and 128x128 at 4 stages 246 (one CTA
     per SM each). The model ranks them in that order, where without the overlap of two CTAs it took 256x128."""
     problem = Problem(32 * 80 * 80, 128, 576, 1, 4, "tf32")
-    candidates = conv_candidates(problem.m, 64, 128, 576, 4, reduction_order(64, 3), 3, 3)
+    candidates = conv_candidates(problem.m, 64, 128, 576, 4, reduction_order(64, 3, 3), 3, 3)
     two, wide = TileConfig(128, 128, 32, 8, 8, 3), TileConfig(256, 128, 32, 8, 8, 3)
     deep = TileConfig(128, 128, 32, 8, 8, 4)
     assert {two, wide, deep} <= set(candidates)
