@@ -594,3 +594,31 @@ def test_the_sweep_runs_the_detect_heads_80_channels_in_the_blocks_flat_k_left_a
     assert shipped_routing() == shipped
     with pytest.raises(ValueError, match="FLAT_K_PADDING"):
         rerouted(FLAT_K_PADDING=0.5)
+
+
+def test_the_flat_k_lists_hold_no_tile_that_ran_out_of_shared_memory() -> None:
+    """The head's 80->80 in flat K at float32 (conv-tile-sweep-2026-12-04f.json, where it ran as 'flat-'): the tiles
+    the GPU refused for shared memory are not candidates any more, the ones that ran still are."""
+    from benchmarks.conv_tile_sweep import LABEL
+    from fuser.kernels import pack_conv_weight
+    from fuser.kernels.conv import conv2d_tile_candidates
+
+    result = json.loads((Path(readme_results.RESULTS) / "conv-tile-sweep-2026-12-04f.json").read_text())
+    packed = pack_conv_weight(torch.randn(80, 80, 3, 3), "tf32")
+    checked = 0
+    for row in result["rows"]:
+        if row["dtype"] != "float32":
+            continue
+        listed = conv2d_tile_candidates((row["batch"], 80, 80, 80), packed, 1, (1, 1, 1, 1))
+        labels = {f"{c.block_m}x{c.block_n}x{c.block_k}w{c.num_warps}s{c.num_stages}" for c in listed if c.split_k == 1}
+        for label, measured in row["configs"].items():
+            match = LABEL.fullmatch(label.removeprefix("flat-"))
+            if not label.startswith("flat-") or match is None or match[6] or match[10]:
+                continue  # other orders, split and persistent variants
+            whole = label.removeprefix("flat-")
+            if "OutOfResources" in measured.get("error", ""):
+                assert whole not in labels, f"b{row['batch']}: {whole} ran out of shared memory and is listed"
+                checked += 1
+            elif "ms" in measured and row["batch"] == 32:
+                assert whole in labels, f"b32: {whole} ran ({measured['ms']:.3f} ms) and is not listed"
+    assert checked >= 3
