@@ -182,7 +182,8 @@ def reduction_orders(name: str, c_in: int) -> dict[str, tuple[float, ...]]:
     shipped = shipped_routing()
     if name in {n for n, *_ in LAYERS["stem"]}:
         return {"rows": shipped, "flat": rerouted(ROW_RUN_MIN=10**9)}
-    if conv_choice.reduction_order(c_in, 3, 3) != conv_choice.reduction_order(c_in, 1, 1):
+    padded = conv_choice.reduction_order(c_in, 3, 3) == conv_choice.ConvKernel.IMPLICIT_GEMM_FLAT_K
+    if padded and c_in >= conv_choice.FLAT_K_BELOW:
         return {"": shipped, "blocks": rerouted(FLAT_K_PAD_ABOVE=1.0)}
     return {"": shipped}
 
