@@ -13,6 +13,9 @@
 #    file comes back in $OUT).
 # 4. models: whole-model rows on the rebuilt table (MODEL_ROWS, default YOLOv8n at batch 32 fp16).
 # 5. layers: the whole layer benchmark (not in the default STAGES: with all the others it passes the 600 s of a call).
+# 6. resident: the resident-weight 3x3 kernel (kernels/conv_resident.py) against float64 on every measured config,
+#    then timed against the shipped kernel and cuDNN on YOLOv8n's 64->64 @80 (benchmarks/resident_weights.py; not
+#    in the default STAGES).
 # STAGES picks stages (default "tests sweep table models"); TEST_K the tests (a pytest -k expression); TESTS_S,
 # SWEEP_S, MODELS_S, LAYERS_S their limits (defaults 240, 150, 100 and 320 s).
 set -uo pipefail
@@ -30,4 +33,7 @@ want sweep && stage sweep "$sweep_s" python3 -m benchmarks.conv_tile_sweep --onl
 want table && table_stage ${TABLE_SWEEPS:-} "$OUT/sweep/conv-tile-sweep.json"
 want models && models_stage "${MODELS_S:-100}" "${MODEL_ROWS:-yolov8n:32:float16}"
 want layers && layers_stage "${LAYERS_S:-320}"
+want resident && stage resident-tests 120 python3 -m pytest tests/kernels/test_kernels_resident.py -m gpu -q \
+    -p no:cacheprovider
+want resident && stage resident 120 python3 -m benchmarks.resident_weights --out "$OUT/resident"
 finish_tile_call 30

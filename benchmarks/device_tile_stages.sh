@@ -29,6 +29,6 @@ layers_stage() {
 # log's last LINES result lines and each stage's status
 finish_tile_call() {
     rm -f "$OUT"/*/*.png
-    grep -E "passed|failed|b32 |b1 |kept|replaced|added|^\| [a-z]" "$LOG" | tail -"$1"
+    grep -E "passed|failed|b32 |b1 |kept|replaced|added|^\| [a-z]|^(variant|resident|shipped|cudnn) " "$LOG" | tail -"$1"
     printf '%s\n' "${summary[@]}"
 }

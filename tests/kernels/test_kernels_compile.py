@@ -26,7 +26,9 @@ AFFINE_RELU = {"PROLOGUE": 16 + 1}  # tiles.PROLOGUE_AFFINE + Activation.RELU
 AFFINE_SILU = {"PROLOGUE": 16 + 4}  # tiles.PROLOGUE_AFFINE + Activation.SILU
 
 
-def compile_sm90(kernel: Any, pointers: dict[str, str], constexprs: dict[str, Any], warps: int = 4) -> Any:
+def compile_sm90(
+    kernel: Any, pointers: dict[str, str], constexprs: dict[str, Any], warps: int = 4, stages: int = 3
+) -> Any:
     """Compile ``kernel`` with the given pointer / descriptor argument types (other arguments i32, or fp32
     for the epilogue scalars) and constexprs, for an H100/H200-class target."""
     constexprs = {name: value for name, value in constexprs.items() if name in kernel.arg_names}  # tile(): BOX_W
@@ -39,7 +41,7 @@ def compile_sm90(kernel: Any, pointers: dict[str, str], constexprs: dict[str, An
         else:
             signature[name] = "fp32" if name in ("alpha", "scale") else "i32"
     source = ASTSource(kernel, signature, constexprs=constexprs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 3})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
 
 
 SPLIT_POINTERS = {"ws_ptr": "*fp32", "count_ptr": "*i32"}
