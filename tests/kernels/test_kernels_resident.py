@@ -1,7 +1,7 @@
 """The resident-weight 3x3 conv (kernels/conv_resident.py): in the interpreter against float64 on odd shapes (boxes
 cut by the image's edges, channel counts under the 64-wide blocks), its refusals by name, its compile for sm_90 on
-the CPU (the nine weight tiles allocated in shared memory once, before the tile loop; the default's shared memory
-within the H200's), and on the GPU against float64 at YOLOv8n's 64->64 @80 on every configuration
+the CPU (the nine weight tiles allocated in shared memory once, before the tile loop; each measured config's
+shared memory within the H200's), and on the GPU against float64 at YOLOv8n's 64->64 @80 on every configuration
 benchmarks/resident_weights.py measures."""
 
 from __future__ import annotations
