@@ -48,13 +48,14 @@ def gemm_call(
     return out, gemm_reference(a, w, b, epilogue, residual)
 
 
-# Channel blocks (27 steps of 16 channels), flat K (3 steps of 16), grouped, and a non-square
+# Channel blocks (27 steps of 16 channels), flat K (3 steps of 16), grouped (in either order), and a non-square
 # stride / dilation; split counts that divide the steps unevenly and (5 on flat K) leave splits empty.
 # (Channel counts whose blocks pad more than a quarter, as 40 or 19, take flat K: conv_choice.FLAT_K_PAD_ABOVE.)
 SPLIT_CASES = [
     ConvCase("cblock_c48_b1", 1, 48, 37, (5, 7), 3, padding=(1, 1, 1, 1)),
     ConvCase("flat_c5", 1, 5, 11, (7, 9), 3, padding=(1, 1, 1, 1)),
     ConvCase("grouped_c48_g2", 1, 48, 22, (5, 7), 3, padding=(0, 1, 1, 0), groups=2),
+    ConvCase("grouped_flat_c40_g2", 1, 40, 22, (5, 7), 3, padding=(0, 1, 1, 0), groups=2),  # 20 per group pad 37.5%
     ConvCase("s12_d21_c25_b3", 3, 25, 13, (9, 11), 3, stride=(1, 2), padding=(2, 2, 1, 1), dilation=(2, 1)),
 ]
 
