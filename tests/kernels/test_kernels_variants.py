@@ -57,6 +57,7 @@ SPLIT_CASES = [
     ConvCase("grouped_c48_g2", 1, 48, 22, (5, 7), 3, padding=(0, 1, 1, 0), groups=2),
     ConvCase("grouped_flat_c40_g2", 1, 40, 22, (5, 7), 3, padding=(0, 1, 1, 0), groups=2),  # 20 per group pad 37.5%
     ConvCase("s12_d21_c25_b3", 3, 25, 13, (9, 11), 3, stride=(1, 2), padding=(2, 2, 1, 1), dilation=(2, 1)),
+    ConvCase("s12_d21_flat_c19", 2, 19, 13, (9, 11), 3, stride=(1, 2), padding=(2, 2, 1, 1), dilation=(2, 1)),
 ]
 
 
