@@ -11,9 +11,10 @@ each per stage, so shared memory is ``9 * C_in * C_out * 2`` bytes plus ``9 * (s
 64-row tiles at 3 stages take 229,520 bytes (one program per SM), 128-row tiles fit only at 1 stage (91 KiB).
 
 Scope: 16-bit operands, a 3x3 filter at stride 1 with padding 1 (same-size output), one group, ``C_in`` a multiple
-of 8 up to 64 (``BLOCK_K``) and ``C_out`` up to 64 (``BLOCK_N``); a dense channels_last input; the conv's fused
-epilogue (bias, activation, residual, scale) as the implicit GEMM's. :func:`resident_refusal` says what else is
-refused. Box tiles as in conv_boxes.py (the descriptor's zero fill is the padding).
+of 8 up to 64 and ``C_out`` up to 64 (``BLOCK_K`` and ``BLOCK_N`` their powers of two, at least 16); a dense
+channels_last input; the conv's fused epilogue (bias, activation, residual, scale) as the implicit GEMM's.
+:func:`resident_refusal` says what else is refused. Box tiles as in conv_boxes.py (the descriptor's zero fill is
+the padding).
 """
 
 from __future__ import annotations
@@ -164,7 +165,9 @@ def conv3x3_resident(
     residual = check_residual("conv3x3_resident", epilogue, residual, out.shape)
     if out.numel() == 0:
         return out
-    x_desc = make_descriptor(box_descriptor_view(x, (1, 1)), [1, block_m // BOX_W, 1, BOX_W, RESIDENT_BLOCK])
+    # the channels' powers of two (16 at least: the fp16 dot's K step), so narrow convs keep narrow tiles
+    block_k, block_n = (max(16, triton.next_power_of_2(c)) for c in (c_in, c_out))
+    x_desc = make_descriptor(box_descriptor_view(x, (1, 1)), [1, block_m // BOX_W, 1, BOX_W, block_k])
     tiles = n * triton.cdiv(h, block_m // BOX_W) * triton.cdiv(w, BOX_W)
     facts = None if interpret else device_facts(x.device)
     sms = facts[2] if facts is not None else 4
@@ -183,7 +186,7 @@ def conv3x3_resident(
         float(epilogue.alpha), float(epilogue.scale),
         HAS_BIAS=bias is not None, ACT=int(epilogue.act), RESIDUAL=int(epilogue.residual),
         HAS_SCALE=epilogue.scale != 1.0, DOT_PRECISION="tf32", UPCAST=interpret,
-        BLOCK_M=block_m, BLOCK_N=RESIDENT_BLOCK, BLOCK_K=RESIDENT_BLOCK, BOX_W=BOX_W,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BOX_W=BOX_W,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out
