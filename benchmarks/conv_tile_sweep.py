@@ -171,18 +171,18 @@ def rerouted(**values: float) -> tuple[float, ...]:
     return tuple(values.get(constant, shipped) for constant, shipped in zip(ROUTING, shipped_routing(), strict=True))
 
 
-def reduction_orders(name: str, c_in: int) -> dict[str, tuple[float, ...]]:
+def reduction_orders(name: str, c_in: int, k: int = 3) -> dict[str, tuple[float, ...]]:
     """The routings (values of ``ROUTING``) layer ``name`` runs under, by label prefix: the shipped one, unprefixed;
-    for the stems the filter-row order ('rows') and the flat-K order ('flat'); for a 3x3 conv of ``c_in`` channels
-    that the shipped routing sends to flat K because channel blocks would pad them (80: kernels/NOTES.md version
-    21) also the channel blocks it left ('blocks'). Prefixed labels stay out of the table (:func:`cache_entries`):
-    the table does not choose the order."""
+    for the stems the filter-row order ('rows') and the flat-K order ('flat'); for a ``k x k`` conv of ``c_in``
+    channels that the shipped routing sends to flat K because channel blocks would pad them (80: kernels/NOTES.md
+    version 21) also the channel blocks it left ('blocks'). Prefixed labels stay out of the table
+    (:func:`cache_entries`): the table does not choose the order."""
     from fuser.kernels import conv_choice
 
     shipped = shipped_routing()
     if name in {n for n, *_ in LAYERS["stem"]}:
         return {"rows": shipped, "flat": rerouted(ROW_RUN_MIN=10**9)}
-    padded = conv_choice.reduction_order(c_in, 3, 3) == conv_choice.ConvKernel.IMPLICIT_GEMM_FLAT_K
+    padded = conv_choice.reduction_order(c_in, k, k) == conv_choice.ConvKernel.IMPLICIT_GEMM_FLAT_K
     if padded and c_in >= conv_choice.FLAT_K_BELOW:
         return {"": shipped, "blocks": rerouted(FLAT_K_PAD_ABOVE=1.0)}
     return {"": shipped}
@@ -230,7 +230,7 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
     bias32 = b64.float().cuda()
     oh = (size + 2 * pad - k) // stride + 1
     out = torch.empty(batch, c_out, oh, oh, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
-    orders = reduction_orders(name, c_in)
+    orders = reduction_orders(name, c_in, k)
     shipped = shipped_routing()
 
     def plan(tile: Any, order: tuple[float, ...]) -> Any:

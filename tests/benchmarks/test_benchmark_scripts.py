@@ -583,6 +583,7 @@ def test_the_sweep_runs_the_detect_heads_80_channels_in_the_blocks_flat_k_left_a
     assert set(head) == {"", "blocks"} and head[""] == shipped
     assert set(reduction_orders("yolov8.head.64->80@80", 64)) == {""}
     assert set(reduction_orders("yolov8.64x3x3@80", 64)) == {""}
+    assert set(reduction_orders("a 1x1 on 80 channels", 80, k=1)) == {""}  # one tap: channel blocks pad alike
     assert set(reduction_orders("resnet50.conv1", 3)) == {"rows", "flat"}
     packed = pack_conv_weight(torch.randn(80, 80, 3, 3).half(), "fp16")
     assert conv_choice.reduction_order(80, 3, 3) == conv_choice.ConvKernel.IMPLICIT_GEMM_FLAT_K
