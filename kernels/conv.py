@@ -511,14 +511,9 @@ def conv_candidates(
         # Flat K's 64-wide step holds a float32 stage of 128x128 tiles in 64 KiB, and Triton pipelines both of its
         # operands: every stage is allocated (on the H200 128x128x64 at 4 stages asked for 262,176 bytes,
         # results/conv-tile-sweep-2026-12-04f.json). A config that cannot fit is no candidate.
-        fitting = [c for c in candidates if pipeline_bytes(c, operand_bytes) <= SMEM_BYTES]
+        fitting = [c for c in candidates if c.num_stages * c.stage_bytes(operand_bytes) <= SMEM_BYTES]
         return fitting or candidates
     return wide_split_candidates(candidates, m, c_out_g, steps) if order == ConvKernel.IMPLICIT_GEMM else candidates
-
-
-def pipeline_bytes(config: TileConfig, operand_bytes: int) -> int:
-    """The shared memory of ``config``'s operand buffers when every stage holds an A and a B tile."""
-    return config.num_stages * (config.block_m + config.block_n) * config.block_k * operand_bytes
 
 
 def conv2d_tile_candidates(

@@ -52,6 +52,10 @@ class TileConfig:
     tap_shift: int = 0
     persistent: int = 0
 
+    def stage_bytes(self, operand_bytes: int) -> int:
+        """The bytes of one reduction step's operand tiles, A and B, each pipeline stage's shared-memory buffer."""
+        return (self.block_m + self.block_n) * self.block_k * operand_bytes
+
     def constexprs(self) -> dict[str, int]:
         """The tile's kernel parameters (a launcher passes those its kernel declares; ``split_k`` is the
         launcher's to pass, since a split also changes the grid and adds a reduction)."""

@@ -79,7 +79,7 @@ def _busiest_sm_us(ctas_per_sm: int, occupancy: int, round_us: Callable[[int], f
 
 def _matmul_us(problem: Problem, c: TileConfig, sm_count: int, step_factor: float) -> float:
     elem = problem.operand_bytes
-    stage_bytes = (c.block_m + c.block_n) * c.block_k * elem
+    stage_bytes = c.stage_bytes(elem)
     smem = c.num_stages * stage_bytes
     # The GPU tests ran 128x128x64 fp32 at 4 stages (262 KiB by this count): Triton keeps fewer buffers
     # than stages where it cannot pipeline a load, so only a config over the limit with one buffer
@@ -104,7 +104,6 @@ def _matmul_us(problem: Problem, c: TileConfig, sm_count: int, step_factor: floa
     if c.block_m < 64:
         peak *= MMA_V2_FACTOR
     step_flops = 2 * c.block_m * c.block_n * c.block_k
-    step_bytes = (c.block_m + c.block_n) * c.block_k * elem
     latency = LOAD_LATENCY_US / max(1, c.num_stages - 1)
     epilogue_bytes = c.block_m * c.block_n * 4
 
@@ -112,7 +111,7 @@ def _matmul_us(problem: Problem, c: TileConfig, sm_count: int, step_factor: floa
         # r resident CTAs each pay 1/r of the implicit GEMM's per-step overhead (its gather's address math and
         # issue), hidden under the others' dots: 128x128 tiles at 2 CTAs per SM ran 1.3x faster per tile than
         # at 1 on YOLO's 64->128 stride-2 layer (results/conv-tile-sweep-2026-12-03.json).
-        step = max(r * step_flops / peak, r * step_bytes / port, latency) * (1 + (step_factor - 1) / r)
+        step = max(r * step_flops / peak, r * stage_bytes / port, latency) * (1 + (step_factor - 1) / r)
         return k_steps * step * spill + 2 * LOAD_LATENCY_US + r * epilogue_bytes / port
 
     total = _busiest_sm_us(_cdiv(tiles, sm_count), occupancy, round_us)
