@@ -316,7 +316,8 @@ def cache_entries(result: dict[str, Any], groups: tuple[str, ...] = ("late", "rg
             continue
         _, c_in, c_out, k, stride, pad, size, _, _ = layers[row["layer"]]
         kernel = conv_kernel(c_in, c_out, 1, (k, k), (stride, stride), pad)
-        if row.get("order", order_before_recorded(c_in, c_out, k, stride, pad)) != kernel.value:
+        ran = row["order"] if "order" in row else order_before_recorded(c_in, c_out, k, stride, pad)
+        if ran != kernel.value:
             continue
         name = {ConvKernel.GEMM_1X1: "gemm_act", ConvKernel.DIRECT: "direct_conv_act"}.get(kernel, "conv2d_act")
         group_m = 1 if kernel == ConvKernel.DIRECT else 8  # as direct_candidates / the GEMM candidates list them
