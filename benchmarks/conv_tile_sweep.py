@@ -146,6 +146,21 @@ def long_k_tiles(c_in: int, c_out: int, stride: int, elem: int) -> list[Any]:
     return out
 
 
+def flat_k_tiles(c_out: int, elem: int) -> list[Any]:
+    """Flat-K row tiles with other K steps than the lists' (kernels/NOTES.md version 22): 16 and 32 wide, whose
+    float32 stages leave room for two or three programs per SM, and 64 and 128 wide, fewer steps; those whose
+    pipeline cannot fit in shared memory left out."""
+    from fuser.kernels.autotune import TileConfig
+    from fuser.kernels.tile_heuristic import SMEM_BYTES
+
+    bn = min(128, max(16, 1 << (c_out - 1).bit_length()))
+    shapes = [(128, 32, 8, 3), (128, 32, 8, 4), (128, 32, 8, 5), (128, 32, 4, 4), (256, 32, 8, 3), (64, 32, 4, 4),
+              (128, 64, 8, 2), (128, 128, 8, 2), (128, 128, 8, 3), (64, 128, 4, 3), (128, 16, 8, 4), (128, 16, 8, 6),
+              (256, 32, 8, 2), (128, 32, 4, 3), (64, 32, 4, 3), (128, 32, 8, 2)]  # fmt: skip
+    tiles = [TileConfig(bm, bn, bk, 8, w, s) for bm, bk, w, s in shapes]
+    return [t for t in tiles if t.num_stages * t.stage_bytes(elem) <= SMEM_BYTES]
+
+
 # Every whole candidate also runs on persistent grids of this many programs per SM (labels ending in 'p' and the
 # count; conv.persistent_variants): more than the lists offer (conv.PERSISTENT_PER_SM, 4-warp tiles only)
 SWEEP_PER_SM = (1, 2, 3)
@@ -261,7 +276,8 @@ def layer_row(layer: tuple, batch: int, dtype_name: str, precision: str) -> dict
         if kernel == conv_choice.ConvKernel.DIRECT:
             extras = direct_tiles(c_out)
         elif kernel == conv_choice.ConvKernel.IMPLICIT_GEMM_FLAT_K and c_in >= conv_choice.FLAT_K_BELOW:
-            extras = conv.persistent_variants(candidates, SWEEP_PER_SM)  # flat K for padded blocks: row tiles only
+            # flat K for padded blocks: row tiles only
+            extras = [*conv.persistent_variants(candidates, SWEEP_PER_SM), *flat_k_tiles(c_out, x.element_size())]
         else:
             extras = [
                 *extra_tiles(c_in, c_out, k, stride, x.element_size()),

@@ -54,7 +54,7 @@ from .conv_boxes import (
     strided_box_twins,
     tap_shift_refusal,
 )
-from .conv_choice import ConvKernel, channel_block, conv_kernel, reduction_order
+from .conv_choice import ConvKernel, channel_block, conv_kernel, flat_k_width, reduction_order
 from .depthwise import depthwise_candidates, prepare_depthwise
 from .direct_conv import direct_candidates, prepare_direct
 from .epilogue import NO_EPILOGUE, Epilogue
@@ -498,7 +498,7 @@ def conv_candidates(
     taps, the filter-row loop ``kh`` rows. Stream-K tiles are not listed: measured, they were no faster than
     these (kernels/NOTES.md version 13)."""
     if order == ConvKernel.IMPLICIT_GEMM_FLAT_K:
-        bk = min(64, max(16, triton.next_power_of_2(k_total)))
+        bk = min(flat_k_width(c_in_g, operand_bytes), max(16, triton.next_power_of_2(k_total)))
         steps = lambda c: cdiv(k_total, c.block_k)
     elif order == ConvKernel.IMPLICIT_GEMM_ROW_RUNS:
         bk = row_block(c_in_g, kw)

@@ -118,6 +118,15 @@ def channel_padding(c_in_g: int) -> float:
     return 1 - c_in_g / (-(-c_in_g // block) * block)
 
 
+def flat_k_width(c_in_g: int, operand_bytes: int) -> int:
+    """The widest K step of a flat-K launch (conv.py's ``conv_candidates``): 64, or 32 where flat K stands in for
+    padded channel blocks (``c_in_g`` from ``FLAT_K_BELOW``) on float32 operands, the width of the blocks there.
+    A float32 stage of 128x128 tiles then takes 32 KiB, so three stages leave room for a second program per SM:
+    on YOLOv8n's 80->80 3x3 @80 (results/conv-tile-sweep-2026-12-04h.json, tf32) 225 us against 276 at batch 32
+    and 14.9 against 15.8 at batch 1."""
+    return 32 if operand_bytes == 4 and c_in_g >= FLAT_K_BELOW else 64
+
+
 def reduction_order(c_in_g: int, kh: int, kw: int) -> ConvKernel:
     """How the implicit GEMM walks its reduction for ``c_in_g`` input channels per group and a ``kh x kw``
     filter: one of the three ``IMPLICIT_GEMM*`` choices (conv.py's ``K_ORDER``)."""

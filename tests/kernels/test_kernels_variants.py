@@ -141,6 +141,24 @@ def test_small_grid_default_is_split() -> None:
     assert split_k_candidates([], 1, 1, lambda c: 1) == []
 
 
+def test_flat_k_steps_as_wide_as_the_channel_blocks_it_stands_in_for() -> None:
+    """Flat K in place of padded channel blocks (80 channels) steps 32 wide on float32 operands, the blocks' own
+    width there: a 128x128 tile's three stages then leave room for a second program per SM (kernels/NOTES.md
+    version 22). 16-bit operands, and flat K over fewer than FLAT_K_BELOW channels, keep 64-wide steps."""
+    from fuser.kernels.tile_heuristic import SMEM_BYTES
+
+    flat = ConvKernel.IMPLICIT_GEMM_FLAT_K
+    for m in (6400, 32 * 6400):  # YOLOv8n's detect head @80, batch 1 and 32
+        wide = {elem: {c.block_k for c in conv_candidates(m, 80, 80, 720, elem, flat, 3, 3) if c.block_n == 128}
+                for elem in (4, 2)}  # fmt: skip
+        assert wide == {4: {32}, 2: {64}}, m
+    b32 = conv_candidates(32 * 6400, 80, 80, 720, 4, flat, 3, 3)
+    tile = next(c for c in b32 if (c.block_m, c.num_stages) == (128, 3))
+    assert 2 * tile.num_stages * tile.stage_bytes(4) <= SMEM_BYTES
+    narrow = conv_candidates(32 * 6400, 15, 16, 135, 4, flat, 3, 3)  # 15 channels: flat K by the routing's rows rule
+    assert max(c.block_k for c in narrow) == 64
+
+
 # Small grids, so every candidate list holds split and small-tile variants: each config must compute
 # the same convolution (issue: num_warps / stages are ignored here, the GPU test sweeps those).
 SWEEP_CONVS = [
