@@ -2,9 +2,10 @@
 on YOLOv8n's 64->64 3x3 @80 (the row issue 8's 2.5x-of-the-floor target still misses) and its other stride-1 3x3
 convs of at most 64 channels (the C2f bottlenecks at 160, 80 and 40), same run, interleaved per layer.
 
-kernels/NOTES.md version 21 predicts 45-50 us at batch 32 fp16 for a program that keeps the nine weight tiles in
-shared memory, against 62 us for the shipped persistent box tile: every tile of the shipped kernel reads the same
-72 KiB of weights through L2. Each configuration's output is checked against float64 before it is timed.
+kernels/NOTES.md version 21 predicted 50-56 us at batch 32 fp16 for a program that keeps the nine weight tiles in
+shared memory, against 62 us for the shipped persistent box tile (every tile of the shipped kernel reads the same
+72 KiB of weights through L2); results/resident-weights-2026-12-04.json measured 77 (version 22). Each
+configuration's output is checked against float64 before it is timed.
 
     python -m benchmarks.resident_weights --out DIR [--batch 32] [--layers NAME,...]
 

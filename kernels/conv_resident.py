@@ -1,5 +1,10 @@
 """A 3x3 conv whose weights stay in shared memory: each program loads the nine filter taps once and walks many
-box tiles of output pixels (an experiment, not in any candidate list yet; kernels/NOTES.md version 21).
+box tiles of output pixels (an experiment, in no candidate list; kernels/NOTES.md versions 21 and 22).
+
+Measured on the H200 (results/resident-weights-2026-12-04.json, batch 32 fp16): slower than the shipped implicit
+GEMM on the conv it was built for, 64->64 @80 (77 us against 62: its 72 KiB of weights leave one program per SM),
+faster on 32->32 @80 (27.8 against 33.6, two programs per SM). Kept with its tests and benchmarks/resident_weights.py
+so that the measurement can be repeated; offering it would take a ``TileConfig`` field and a table class.
 
 Why: on YOLOv8n's 64->64 3x3 @80 at batch 32 the implicit GEMM's 1600 box tiles each read the same 72 KiB of
 fp16 weights, a third of the kernel's L2 traffic, and the row stays at 2.9x its roofline floor (NOTES version
