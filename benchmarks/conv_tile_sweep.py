@@ -75,6 +75,9 @@ LAYERS: dict[str, list[tuple[str, int, int, int, int, int, int, bool, str]]] = {
         ("resnet50.layer3.3x3@14", 256, 256, 3, 1, 1, 14, False, "relu"),
         ("yolov8.head.64->80@80", 64, 80, 3, 1, 1, 80, False, "silu"),
         ("yolov8.head.80x3x3@80", 80, 80, 3, 1, 1, 80, False, "silu"),
+        # the head's other scales: their table classes were measured by whole-model tuning in channel blocks
+        ("yolov8.head.80x3x3@40", 80, 80, 3, 1, 1, 40, False, "silu"),
+        ("yolov8.head.80x3x3@20", 80, 80, 3, 1, 1, 20, False, "silu"),
     ],
     "rgb": [
         ("yolov8.stem", 3, 16, 3, 2, 1, 640, False, "silu"),

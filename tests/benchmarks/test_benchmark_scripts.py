@@ -409,6 +409,9 @@ SWEPT_CHOICES = [
     ("conv-tile-sweep-2026-12-04i.json", (32, 80, 80, 80), 1, 80, "tf32", (128, 128, 32, 8, 3, 0, 0)),
     ("conv-tile-sweep-2026-12-04g.json", (1, 80, 80, 80), 1, 80, "fp16", (64, 128, 64, 4, 4, 0, 0)),
     ("conv-tile-sweep-2026-12-04i.json", (1, 80, 80, 80), 1, 80, "tf32", (64, 128, 32, 4, 4, 0, 0)),
+    # and at the head's other scales, whose classes whole-model tuning had measured in channel blocks
+    ("conv-tile-sweep-2026-12-04j.json", (32, 80, 40, 40), 1, 80, "tf32", (128, 128, 32, 8, 3, 0, 0)),
+    ("conv-tile-sweep-2026-12-04j.json", (1, 80, 40, 40), 1, 80, "fp16", (32, 64, 64, 4, 3, 0, 0)),
 ]
 
 
