@@ -159,7 +159,9 @@ def flat_k_tiles(c_out: int, elem: int) -> list[Any]:
     bn = min(128, max(16, 1 << (c_out - 1).bit_length()))
     shapes = [(128, 32, 8, 3), (128, 32, 8, 4), (128, 32, 8, 5), (128, 32, 4, 4), (256, 32, 8, 3), (64, 32, 4, 4),
               (128, 64, 8, 2), (128, 128, 8, 2), (128, 128, 8, 3), (64, 128, 4, 3), (128, 16, 8, 4), (128, 16, 8, 6),
-              (256, 32, 8, 2), (128, 32, 4, 3), (64, 32, 4, 3), (128, 32, 8, 2)]  # fmt: skip
+              (256, 32, 8, 2), (128, 32, 4, 3), (64, 32, 4, 3), (128, 32, 8, 2),
+              # 64-row tiles whose wide steps still leave room for a second program per SM
+              (64, 64, 4, 2), (64, 64, 8, 2), (64, 128, 4, 2), (64, 128, 8, 2), (64, 64, 4, 3)]  # fmt: skip
     tiles = [TileConfig(bm, bn, bk, 8, w, s) for bm, bk, w, s in shapes]
     return [t for t in tiles if t.num_stages * t.stage_bytes(elem) <= SMEM_BYTES]
 
