@@ -155,7 +155,8 @@ def test_flat_k_steps_as_wide_as_the_channel_blocks_it_stands_in_for() -> None:
     b32 = conv_candidates(32 * 6400, 80, 80, 720, 4, flat, 3, 3)
     tile = next(c for c in b32 if (c.block_m, c.num_stages) == (128, 3))
     assert 2 * tile.num_stages * tile.stage_bytes(4) <= SMEM_BYTES
-    narrow = conv_candidates(32 * 6400, 15, 16, 135, 4, flat, 3, 3)  # 15 channels: flat K by the routing's rows rule
+    assert conv_kernel(5, 16, 1, (3, 3)) == flat  # 5 channels: flat K below FLAT_K_BELOW (rows too short)
+    narrow = conv_candidates(32 * 6400, 5, 16, 45, 4, flat, 3, 3)
     assert max(c.block_k for c in narrow) == 64
 
 
