@@ -28,7 +28,7 @@ from fuser.lower import ops
 from fuser.match.chain import Chain
 from fuser.match.matcher import find_chains
 from fuser.match.patterns import FUSED_LINEAR
-from fuser.report import ChainReport, FusionReport, settle_batch_norms
+from fuser.report import ChainReport, FusionReport, settle_batch_norms, settle_kernels
 from fuser.rewrite.batchnorm_prologue import fold_batch_norms_forward
 from fuser.rewrite.cat_buffers import eliminate_cats
 from fuser.rewrite.chains import rewrite_chains
@@ -322,7 +322,7 @@ def _run_pipeline(
             # last: the passes before it rewrite fused convs, which this one moves into pooled modules
             changed = folds + fuse_depthwise_pools(graph.gm)
             rewrites, rewritten = rewrites + changed, rewritten or any(r.eliminated for r in changed)
-            entries = settle_batch_norms(entries, rewrites)
+            entries = settle_kernels(settle_batch_norms(entries, rewrites), rewrites)
         except Exception as error:  # never fail the user's model over one graph: leave it as it was
             if strict():
                 raise

@@ -75,6 +75,8 @@ class GraphRewrite:
     location: str
     detail: str
     eliminated: list[str] = field(default_factory=list)
+    # fused chains (by their first module) that the rewrite moved onto another kernel, and that kernel's name
+    kernels: dict[str, str] = field(default_factory=dict)
 
 
 # The kinds of graph rewrite (fuser.rewrite.batchnorm_prologue) of a BatchNorm outside the chains: folded into
@@ -101,6 +103,18 @@ def settle_batch_norms(entries: list[ChainReport], rewrites: list[GraphRewrite])
             e.reason = f"{e.reason}; {kept[e.modules[0]]}"
         settled.append(e)
     return settled
+
+
+def settle_kernels(entries: list[ChainReport], rewrites: list[GraphRewrite]) -> list[ChainReport]:
+    """One graph's entries with the kernel each fused chain runs after the passes that rewrite fused convs (a
+    virtual concatenation moves a conv onto the implicit GEMM's channel blocks, fuser.rewrite.virtual_cat): the
+    report names the kernel that launches, not the one the chain was matched for. Entries on the torch reference
+    (no Triton here) keep it."""
+    moved = {module: kernel for r in rewrites for module, kernel in r.kernels.items()}
+    for e in entries:
+        if e.fused and e.modules and e.modules[0] in moved and not (e.kernel or "").startswith("torch reference"):
+            e.kernel = moved[e.modules[0]]
+    return entries
 
 
 @dataclass

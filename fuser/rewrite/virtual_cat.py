@@ -27,7 +27,7 @@ from torch import nn
 
 from fuser.graph_ops import cat_operands
 from fuser.kernels.conv import VIRTUAL_CAT_ALIGN
-from fuser.kernels.conv_choice import conv_kernel
+from fuser.kernels.conv_choice import ConvKernel, conv_kernel
 from fuser.lower.fused_modules import FusedConv2d
 from fuser.report import GraphRewrite
 from fuser.rewrite.node_pass import candidates, finish
@@ -36,7 +36,7 @@ FACTOR = 2  # powers of two only: nearest's source index floor(dst / factor) is 
 OTHER_USERS = "the concatenation or the upsample has other users"
 DESCRIPTION = (
     "conv(cat([upsample_nearest(a, 2), b])): the conv reads a and b, nothing materialized (on the implicit GEMM's "
-    "channel blocks, whatever kernel the chain was reported on)"
+    "channel blocks, the kernel its chain's line names)"
 )
 
 
@@ -143,6 +143,8 @@ def fuse_virtual_cats(gm: fx.GraphModule) -> list[GraphRewrite]:
             conv.kwargs = {"cat_with": b, "upsample": FACTOR}
         gm.graph.erase_node(cat)
         gm.graph.erase_node(up)
-        found.append(GraphRewrite("virtual_cat", source, DESCRIPTION, [up.name, cat.name]))
+        # only the channel-block loop gathers from the two sources (conv.py), whatever the routing picked
+        moved = {gm.get_submodule(str(conv.target)).source: ConvKernel.IMPLICIT_GEMM.value for conv in convs}
+        found.append(GraphRewrite("virtual_cat", source, DESCRIPTION, [up.name, cat.name], moved))
     finish(gm, any(r.eliminated for r in found))
     return found

@@ -109,6 +109,31 @@ def test_neck_reads_upsample_and_skip_directly(backend: str, up: str) -> None:
         assert_close(fast(x2), reference64(model, x2), "ieee", f"{backend}, second shape")
 
 
+def test_the_report_names_the_kernel_a_virtual_concatenation_launches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """cv1 is a 1x1 conv, which the routing sends to the plain GEMM; reading a virtual concatenation it runs the
+    implicit GEMM's channel blocks instead, and its chain's line in the report says so."""
+    from fuser.kernels import launch
+    from fuser.kernels.conv_choice import ConvKernel
+
+    launched: list[tuple[str, dict]] = []
+    real = launch.run_interpreted
+    monkeypatch.setattr(
+        launch,
+        "run_interpreted",
+        lambda k, grid, *a, **kw: (launched.append((k.fn.__name__, kw)), real(k, grid, *a, **kw)),
+    )
+    model, x = randomize_batchnorm(Neck()).eval(), torch.randn(2, 5, 14, 10)
+    fast = fuser.optimize(model, (x,), precision="ieee", backend="interpret")
+    (cv1,) = [e for e in fast.fusion_report.entries if e.fused and e.modules[0] == "cv1"]
+    assert cv1.kernel == ConvKernel.IMPLICIT_GEMM.value, str(fast.fusion_report)
+    with torch.no_grad():
+        fast(x)
+    virtual = [(name, kw["K_ORDER"]) for name, kw in launched if kw.get("VIRTUAL_CAT")]
+    assert virtual == [(ConvKernel.IMPLICIT_GEMM.triton_function, 0)], launched
+    (skip,) = [e for e in fast.fusion_report.entries if e.fused and e.modules[0] == "skip"]  # not moved
+    assert skip.kernel == ConvKernel.GEMM_1X1.value
+
+
 class NeckShared(Neck):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         up = self.up(F.relu(self.deep(x)))
