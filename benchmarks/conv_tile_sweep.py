@@ -154,7 +154,7 @@ def flat_k_tiles(c_out: int, elem: int) -> list[Any]:
     float32 stages leave room for two or three programs per SM, and 64 and 128 wide, fewer steps; those whose
     pipeline cannot fit in shared memory left out."""
     from fuser.kernels.autotune import TileConfig
-    from fuser.kernels.tile_heuristic import SMEM_BYTES
+    from fuser.kernels.tile_heuristic import pipeline_fits
 
     bn = min(128, max(16, 1 << (c_out - 1).bit_length()))
     shapes = [(128, 32, 8, 3), (128, 32, 8, 4), (128, 32, 8, 5), (128, 32, 4, 4), (256, 32, 8, 3), (64, 32, 4, 4),
@@ -163,7 +163,7 @@ def flat_k_tiles(c_out: int, elem: int) -> list[Any]:
               # 64-row tiles whose wide steps still leave room for a second program per SM
               (64, 64, 4, 2), (64, 64, 8, 2), (64, 128, 4, 2), (64, 128, 8, 2), (64, 64, 4, 3)]  # fmt: skip
     tiles = [TileConfig(bm, bn, bk, 8, w, s) for bm, bk, w, s in shapes]
-    return [t for t in tiles if t.num_stages * t.stage_bytes(elem) <= SMEM_BYTES]
+    return [t for t in tiles if pipeline_fits(t, elem)]
 
 
 # Every whole candidate also runs on persistent grids of this many programs per SM (labels ending in 'p' and the

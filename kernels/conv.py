@@ -91,7 +91,7 @@ from .splitk import (
     stream_k_grid,
     wide_split_candidates,
 )
-from .tile_heuristic import SMEM_BYTES
+from .tile_heuristic import pipeline_fits
 from .tiles import (
     arrive_and_sum,
     decode_rows,
@@ -511,7 +511,7 @@ def conv_candidates(
         # Flat K's 64-wide step holds a float32 stage of 128x128 tiles in 64 KiB, and Triton pipelines both of its
         # operands: every stage is allocated (on the H200 128x128x64 at 4 stages asked for 262,176 bytes,
         # results/conv-tile-sweep-2026-12-04f.json). A config that cannot fit is no candidate.
-        fitting = [c for c in candidates if c.num_stages * c.stage_bytes(operand_bytes) <= SMEM_BYTES]
+        fitting = [c for c in candidates if pipeline_fits(c, operand_bytes)]
         return fitting or candidates
     return wide_split_candidates(candidates, m, c_out_g, steps) if order == ConvKernel.IMPLICIT_GEMM else candidates
 

@@ -77,6 +77,13 @@ def _busiest_sm_us(ctas_per_sm: int, occupancy: int, round_us: Callable[[int], f
     return full * round_us(occupancy) + (round_us(rest) if rest else 0.0)
 
 
+def pipeline_fits(c: TileConfig, operand_bytes: int) -> bool:
+    """Whether every pipeline stage of ``c``'s operand tiles fits in one SM's shared memory: the bound where Triton
+    pipelines both operands and allocates each stage (the flat-K loop). :func:`_matmul_us` allows a stage more,
+    for the loads Triton cannot pipeline."""
+    return c.num_stages * c.stage_bytes(operand_bytes) <= SMEM_BYTES
+
+
 def _matmul_us(problem: Problem, c: TileConfig, sm_count: int, step_factor: float) -> float:
     elem = problem.operand_bytes
     stage_bytes = c.stage_bytes(elem)
