@@ -19,6 +19,7 @@ padded masks), and torchvision's detectors, whose NMS the zoo replaces by a Pyth
 from __future__ import annotations
 
 import functools
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -72,9 +73,17 @@ def _mismatch(got: list[torch.Tensor], expected: list[torch.Tensor], what: str) 
 
 @functools.cache
 def _evaluate(name: str, exporter: str, folder: Path) -> dict[str, str | None]:
-    """The checks of one model, on one thread (zoo_checks.one_thread)."""
+    """The checks of one model, on one thread (zoo_checks.one_thread).
+
+    The model's files are deleted once all its checks pass: the zoo's files come to about 4 GB, more than a CI
+    machine may have free. A model with a failed check keeps them, for a look at what went wrong.
+    """
+    folder.mkdir()
     with one_thread():
-        return _checks(name, exporter, folder)
+        results = _checks(name, exporter, folder)
+    if all(failure is None for failure in results.values()):
+        shutil.rmtree(folder)
+    return results
 
 
 def _export(model: torch.nn.Module, x: torch.Tensor, path: Path, exporter: str) -> None:
@@ -129,6 +138,5 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(("name", "exporter", "check"), _cases())
 def test_zoo_from_onnx(name: str, exporter: str, check: str, folder: Path) -> None:
     model_folder = folder / f"{name}-{exporter}".replace(" ", "_").replace("(", "").replace(")", "")
-    model_folder.mkdir(exist_ok=True)
     failure = _evaluate(name, exporter, model_folder)[check]
     assert failure is None, f"{name} ({exporter} export): {check}: {failure}"
