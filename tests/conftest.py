@@ -1,5 +1,6 @@
 """Test-wide setup: GPU tests are skipped, with the reason printed (-rs), where there is no CUDA; fuser runs
-in strict mode (an internal error in a pass raises instead of leaving the graph unoptimized)."""
+in strict mode (an internal error in a pass raises instead of leaving the graph unoptimized); torchvision
+imports beside the CPU torch (tests/torchvision_shim.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ import torch
 # The repository root last on the path (benchmarks/__init__.py says why: its kernels/ folder would shadow the
 # PyPI `kernels` that transformers imports), whether pytest ran as `python -m pytest` or as `pytest`.
 sys.path.append(str(Path(__file__).resolve().parent.parent))
+import torchvision_shim
+
 import benchmarks  # noqa: F401  (importing it reorders sys.path)
+
+# torchvision (imported by timm, ultralytics and transformers) needs its NMS operators defined first where its
+# compiled ops do not load beside the CPU torch: any test file that imports one of them then runs on its own.
+torchvision_shim.install()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -23,6 +23,7 @@ module holds what the new forward reads, so the optimized model carries no dead 
 
 from __future__ import annotations
 
+import copy
 import inspect
 import operator
 from collections.abc import Iterator
@@ -60,6 +61,7 @@ TRACE_FAILURES: list[tuple[str, str]] = [
     ("co_varnames is too small", "its forward takes *args or **kwargs in a form torch.fx cannot trace"),
     ("is not installed as a submodule", "its forward calls a module that is not one of its submodules"),
     ("forward was replaced on the instance", "its forward was replaced on the instance by a function it cannot read"),
+    ("writes into its buffer", "its forward writes into a buffer, which a traced graph would read as a constant"),
 ]
 
 
@@ -219,6 +221,29 @@ class ReplacedForward(TypeError):
     """The module's instance runs a forward that is not a method of its class: fuser cannot trace it."""
 
 
+class BufferWritten(RuntimeError):
+    """The forward wrote into a buffer while being traced: torch.fx ran that write on the real tensor and
+    recorded what the forward computed from it as a constant, so the graph would not compute the function."""
+
+
+def _version(tensor: torch.Tensor) -> int | None:
+    """The tensor's version counter, which every in-place write moves; None for an inference tensor, which has
+    none (and which nothing outside ``torch.inference_mode`` can write)."""
+    return None if tensor.is_inference() else tensor._version
+
+
+def _restore_written_buffers(before: list[tuple[str, torch.Tensor, int | None, torch.Tensor]]) -> str | None:
+    """Put back the buffers written since ``before`` (name, buffer, its :func:`_version` then, a copy).
+    Returns the first one's name, or None when none was."""
+    written = None
+    for name, buffer, version, value in before:
+        if version is not None and buffer._version != version:
+            with torch.no_grad():
+                buffer.copy_(value)
+            written = written or name
+    return written
+
+
 def forward_method_name(module: nn.Module) -> str:
     """The name of the method ``module`` runs when called: ``forward``, or the method of its class that was
     assigned to the instance (``m.forward = m.forward_fuse``, as ultralytics' ``fuse()`` does).
@@ -252,7 +277,8 @@ def trace(module: nn.Module, path: str = "", leaves: frozenset[int] = frozenset(
 
 
 def _trace(tracer: SourceTracer, module: nn.Module) -> fx.GraphModule:
-    saved = [(m, dict(m.__dict__)) for m in module.modules()]
+    saved = save_attributes(module)
+    buffers = [(n, b, _version(b), b.detach().clone()) for n, b in module.named_buffers(remove_duplicate=False)]
     try:
         tracer.traced_func_name = forward_method_name(module)
         graph = tracer.trace(module)
@@ -261,11 +287,90 @@ def _trace(tracer: SourceTracer, module: nn.Module) -> fx.GraphModule:
                 # A postponed annotation ("torch.Tensor" under `from __future__ import annotations`) would
                 # reach the generated code's globals as a bare string, which GraphModule cannot pickle.
                 node.type = None
-        return fx.GraphModule(tracer.root, graph, type(module).__name__)
+        written = _restore_written_buffers(buffers)
+        if written is not None:
+            owner = written.rpartition(".")[0]
+            tracer.failed = module.get_submodule(owner) if owner else None  # made a leaf, where it is not the root
+            raise BufferWritten(f"the forward writes into its buffer `{written}` (in place, at every call)")
+        gm = fx.GraphModule(tracer.root, graph, type(module).__name__)
+        _keep_non_persistent(module, gm)
+        _merge_trace_constants(gm)
+        return gm
     finally:
-        for m, attributes in saved:
-            m.__dict__.clear()
-            m.__dict__.update(attributes)
+        restore_attributes(saved)
+        _restore_written_buffers(buffers)  # a trace that failed part way may have written one too
+
+
+SavedAttributes = list[tuple[nn.Module, dict[str, Any], dict[str, Any]]]
+
+
+def save_attributes(model: nn.Module) -> SavedAttributes:
+    """What :func:`restore_attributes` needs to put every module's attributes back as they are now: each
+    module's ``__dict__``, and the contents of its dicts, lists and sets, which a forward fills in place
+    (timm's ``attention_bias_cache``: traced, it would keep a proxy, which then cannot be pickled)."""
+    return [
+        (m, dict(m.__dict__), {k: copy.copy(v) for k, v in m.__dict__.items() if type(v) in (dict, list, set)})
+        for m in model.modules()
+    ]
+
+
+def restore_attributes(saved: SavedAttributes) -> None:
+    """Put back what :func:`save_attributes` saved: the same containers, with their contents of then."""
+    for m, attributes, contents in saved:
+        m.__dict__.clear()
+        m.__dict__.update(attributes)
+        for name, content in contents.items():
+            container = attributes[name]
+            container.clear()
+            if isinstance(container, list):
+                container.extend(content)
+            else:
+                container.update(content)
+
+
+def _keep_non_persistent(module: nn.Module, gm: fx.GraphModule) -> None:
+    """Leave out of ``gm``'s state dict the buffers that ``module`` leaves out of its own (timm's LeViT index
+    tables, torchvision's anchors): fx.GraphModule registers every tensor it copies as a persistent buffer."""
+    for prefix, owner in module.named_modules(remove_duplicate=False):
+        for name in owner._non_persistent_buffers_set:
+            target = f"{prefix}.{name}" if prefix else name
+            holder_path, _, attr = target.rpartition(".")
+            try:
+                holder = gm.get_submodule(holder_path)
+            except AttributeError:
+                continue  # the graph does not read it
+            if attr in holder._buffers:
+                holder._non_persistent_buffers_set.add(attr)
+
+
+def _merge_trace_constants(gm: fx.GraphModule) -> None:
+    """Store equal trace-time constants once, out of the state dict.
+
+    torch.fx keeps each tensor that the forward computes while traced (from a buffer, which it does not
+    proxy, or from Python numbers) as a new ``_tensor_constantN`` of the graph module, one per tensor object:
+    EVA-02's rotary sin and cos tables, computed again in every block, would be stored once per block. Equal
+    ones become one attribute. They stay out of the state dict, as the buffers they come from mostly do
+    (EVA-02's are ``persistent=False``): they are derived from what the model holds, not held by it.
+    """
+    kept: dict[tuple, list[str]] = {}
+    merged: dict[str, str] = {}
+    for name, tensor in list(gm.named_buffers(recurse=False)):
+        if not name.startswith("_tensor_constant"):
+            continue
+        key = (tensor.shape, tensor.dtype, tensor.device, tensor.stride())
+        same = next((k for k in kept.get(key, []) if torch.equal(gm.get_buffer(k), tensor)), None)
+        if same is None:
+            kept.setdefault(key, []).append(name)
+            gm._non_persistent_buffers_set.add(name)
+        else:
+            merged[name] = same
+    if merged:
+        for node in gm.graph.nodes:
+            if node.op == "get_attr" and node.target in merged:
+                node.target = merged[node.target]
+        for name in merged:
+            delattr(gm, name)
+        gm.recompile()
 
 
 MAX_LEAVES = 16  # submodules made leaves before the module counts as untraceable (each costs a new trace)
@@ -386,7 +491,7 @@ def _record_shapes(
 ) -> tuple[dict[int, str], set[int]]:
     """One example forward recording the shapes of ``graphs``; returns the graphs that failed (by id, with
     the error) and those whose module was called."""
-    saved = [(m, dict(m.__dict__)) for m in model.modules()]  # a forward may cache what it computes
+    saved = save_attributes(model)  # a forward may cache what it computes
     # A training-mode forward moves BN running statistics (and dropout draws random numbers): this run
     # must leave the model's state exactly as it found it.
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
@@ -427,9 +532,7 @@ def _record_shapes(
                 model(*example_inputs)
     finally:
         torch.backends.cudnn.benchmark = cudnn_benchmark
-        for m, attributes in saved:
-            m.__dict__.clear()
-            m.__dict__.update(attributes)
+        restore_attributes(saved)
         with torch.no_grad():
             for buffer, value in buffers:
                 buffer.copy_(value)

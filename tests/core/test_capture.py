@@ -246,3 +246,147 @@ def test_the_shape_forward_runs_without_cudnn_benchmarking_and_restores_the_flag
     with pytest.raises(ValueError, match="raised RuntimeError on the example inputs"):
         fuser.optimize(model, (torch.randn(2, 4, 13, 11),), backend="torch")  # 4 channels into a 3-channel conv
     assert torch.backends.cudnn.benchmark is user_setting
+
+
+class Counter(nn.Module):
+    """A module whose forward writes into its own buffer at every call (a call count that scales the output)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("calls", torch.ones(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.add_(1)
+        return x * (self.calls * 0.5).sqrt()
+
+
+class CountedConvs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = ConvBnAct(nn.SiLU(), 3, 7)
+        self.counter = Counter()
+        self.head = ConvBnAct(nn.ReLU(), 7, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.counter(self.block(x)))
+
+
+def test_a_submodule_that_writes_its_buffer_runs_as_a_leaf_and_keeps_counting():
+    """torch.fx runs such a write on the real tensor while tracing and records what follows from it as a
+    constant: the module must run as it is, called from the graph, and the trace must leave the count alone."""
+    model, x = seeded(CountedConvs()), torch.randn(2, 3, 11, 9)
+    expected = copy.deepcopy(model)
+    opt = fuser.optimize(model, (x,), backend="torch")
+    assert [c.ops for c in opt.fusion_report.fused] == [
+        ["conv2d", "batch_norm", "silu"],
+        ["conv2d", "batch_norm", "relu"],
+    ], str(opt.fusion_report)
+    with torch.no_grad():
+        for _ in range(3):  # each call counts once more, in both
+            assert_close(opt(x), expected(x), "ieee")
+    assert model.counter.calls.item() == 1.0  # the user's model is not the one that counted
+
+
+def test_a_root_that_writes_its_buffer_runs_as_it_is_and_says_why():
+    model, x = seeded(Counter()), torch.randn(2, 3, 11, 9)
+    opt = fuser.optimize(model, (x,), backend="torch")
+    (entry,) = opt.fusion_report.untraced
+    assert "writes into a buffer" in entry.reason and "`calls`" in entry.detail, entry
+    with torch.no_grad():
+        assert not torch.equal(opt(x), opt(x))  # it counts, as the original does
+
+
+class CachedBiases(nn.Module):
+    """timm's LeViT / EfficientViT attention biases: in eval mode the gathered table is cached in a dict by
+    device, filled in place by the forward (while traced: with a proxy, under the key of a proxy device). Its
+    forward then branches on a value, so it fails to trace after filling the cache, and runs as a leaf."""
+
+    def __init__(self, c: int = 7) -> None:
+        super().__init__()
+        self.biases = nn.Parameter(torch.randn(c, 4))
+        self.register_buffer("idxs", torch.tensor([0, 3, 1, 2, 2, 0]), persistent=False)
+        self.attention_bias_cache: dict[str, torch.Tensor] = {}
+
+    def get_biases(self, device: torch.device) -> torch.Tensor:
+        key = str(device)
+        if key not in self.attention_bias_cache:
+            self.attention_bias_cache[key] = self.biases[:, self.idxs]
+        return self.attention_bias_cache[key]
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        out = y.flatten(2)[..., :6] + self.get_biases(y.device)
+        return out if bool(out.amax() > -1e9) else -out
+
+
+class BlockThenCachedBiases(nn.Module):
+    def __init__(self, c: int = 7) -> None:
+        super().__init__()
+        self.block = ConvBnAct(nn.SiLU(), 3, c)
+        self.attn = CachedBiases(c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attn(self.block(x))
+
+
+def test_a_cache_the_forward_fills_is_left_as_it_was_so_the_model_pickles(tmp_path):
+    model, x = seeded(BlockThenCachedBiases()), torch.randn(2, 3, 11, 9)
+    opt = fuser.optimize(model, (x,), backend="torch")
+    assert [c.ops for c in opt.fusion_report.fused] == [["conv2d", "batch_norm", "silu"]], str(opt.fusion_report)
+    caches = [m.attention_bias_cache for m in opt.modules() if isinstance(m, CachedBiases)]
+    assert caches and all(not any(isinstance(v, torch.fx.Proxy) for v in c.values()) for c in caches), caches
+    torch.save(opt, tmp_path / "optimized.pt")
+    loaded = torch.load(tmp_path / "optimized.pt", weights_only=False)
+    with torch.no_grad():
+        assert_close(loaded(x), reference64(model, x), "ieee")
+
+
+class RotaryBlocks(nn.Module):
+    """EVA-02's rotary embedding: a sin/cos table in a non-persistent buffer, split and applied again in every
+    block. torch.fx computes the split while tracing (it does not proxy buffers) and stores each block's
+    result as a new constant."""
+
+    def __init__(self, blocks: int = 5, tokens: int = 9, dim: int = 6) -> None:
+        super().__init__()
+        table = torch.linspace(-1.0, 1.0, tokens * 2 * dim).view(tokens, 2 * dim)
+        self.register_buffer("pos_embed", table, persistent=False)
+        self.proj = nn.ModuleList(nn.Linear(dim, dim) for _ in range(blocks))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for proj in self.proj:
+            sin, cos = self.pos_embed.tensor_split(2, -1)
+            x = F.gelu(proj(x * cos + x.flip(-1) * sin))
+        return x
+
+
+def test_trace_time_constants_are_stored_once_and_out_of_the_state_dict():
+    model, x = seeded(RotaryBlocks()), torch.randn(2, 9, 6)
+    opt = fuser.optimize(model, (x,), backend="torch")
+    with torch.no_grad():
+        assert_close(opt(x), reference64(model, x), "ieee")
+    assert [c.ops for c in opt.fusion_report.fused] == [["linear", "gelu"]] * 5, str(opt.fusion_report)
+    constants = [name for name, _ in opt.named_buffers() if "_tensor_constant" in name]
+    assert len(constants) == 2, constants  # sin and cos, not one pair per block
+    assert not [k for k in opt.state_dict() if "_tensor_constant" in k or k.endswith("pos_embed")]
+
+
+class ScaledByTable(nn.Module):
+    """A buffer left out of the state dict (``persistent=False``: derived, rebuilt by ``__init__``), as timm's
+    LeViT index tables and torchvision's anchor grids are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 5, 3)
+        self.register_buffer("table", torch.linspace(0.5, 1.5, 5).view(1, 5, 1, 1), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.conv(x)) * self.table
+
+
+def test_a_non_persistent_buffer_stays_out_of_the_state_dict():
+    model = seeded(ScaledByTable())
+    x = torch.randn(2, 3, 9, 11)
+    opt = fuser.optimize(model, (x,), backend="torch")
+    with torch.no_grad():
+        assert_close(opt(x), reference64(model, x), "ieee")
+    assert not [k for k in opt.state_dict() if k.endswith("table")], sorted(opt.state_dict())
+    assert any(name.endswith("table") for name, _ in opt.named_buffers())  # still there, and read
