@@ -9,14 +9,16 @@ folded tensors are new: the tensors the graph module shared with the user's mode
 from __future__ import annotations
 
 import re
+from typing import Any
 
+import torch
 import torch.fx as fx
 
 from fuser.graph_ops import BN_ARGS, BN_DEFAULTS, bind, constant_tensor, unused_name
 from fuser.kernels.precision import Precision
 from fuser.lower.fused_modules import FusedConv2d, FusedLinear
 from fuser.lower.ops import conv_padding
-from fuser.match.chain import Chain
+from fuser.match.chain import Chain, is_metadata_read
 from fuser.match.patterns import FUSED_LINEAR
 from fuser.rewrite.batchnorm_fold import BatchNormParams, fold_batchnorm
 
@@ -91,6 +93,7 @@ def rewrite_chains(gm: fx.GraphModule, chains: list[Chain], precision: Precision
     names = []
     for chain in chains:
         module = build_fused_module(chain, gm, precision, backend)
+        head_args = bind(chain.head, chain.pattern.builds.args, chain.pattern.builds.defaults)
         name = _free_name(gm, module.source)
         gm.add_submodule(name, module)
         args = (chain.input,) if chain.residual is None else (chain.input, chain.residual)
@@ -108,6 +111,7 @@ def rewrite_chains(gm: fx.GraphModule, chains: list[Chain], precision: Precision
         chain.last.replace_all_uses_with(fused)
         for node in reversed(chain.nodes):
             graph.erase_node(node)
+        _move_metadata_reads(gm, head_args, name)
         names.append(name)
     for node in list(graph.nodes):
         if node.op == "get_attr" and not node.users:
@@ -117,6 +121,26 @@ def rewrite_chains(gm: fx.GraphModule, chains: list[Chain], precision: Precision
     graph.lint()
     gm.recompile()
     return names
+
+
+def _move_metadata_reads(gm: fx.GraphModule, head_args: dict[str, Any], name: str) -> None:
+    """Point the reads of the chain's weight and bias that only ask for metadata (EdgeNeXt's positional
+    encoding takes its device and dtype from ``token_projection.weight``) at the fused module's own: else they
+    alone keep the original tensors in the model. Only where shape, dtype, device and layout are the same."""
+    fused = gm.get_submodule(name)
+    for role in ("weight", "bias"):
+        old, new = constant_tensor(gm, head_args.get(role)), getattr(fused, role, None)
+        if old is None or not isinstance(new, torch.Tensor):
+            continue
+        if (old.shape, old.dtype, old.device, old.layout) != (new.shape, new.dtype, new.device, new.layout):
+            continue
+        target = head_args[role].target
+        for node in [n for n in gm.graph.nodes if n.op == "get_attr" and n.target == target and n.users]:
+            if all(is_metadata_read(u, node) for u in node.users):
+                with gm.graph.inserting_before(node):
+                    replacement = gm.graph.get_attr(f"{name}.{role}")
+                node.replace_all_uses_with(replacement)
+                gm.graph.erase_node(node)
 
 
 def delete_unread_tensors(gm: fx.GraphModule) -> None:

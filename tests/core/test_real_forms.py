@@ -668,3 +668,30 @@ def test_batchnorm_after_a_flatten_it_cannot_see_through_is_reported():
     opt = optimize_and_compare(model, torch.randn(3, 5, 19))
     stays = [e for e in opt.fusion_report.rejected if "batch_norm" in e.ops]
     assert len(stays) == 1 and "follows `flatten`" in stays[0].reason, str(opt.fusion_report)
+
+
+class PositionalEncodingFourier(nn.Module):
+    """timm's EdgeNeXt PositionalEncodingFourier, cut down: the grid it encodes takes its device and dtype from
+    ``token_projection.weight``, a conv that fuses; only those metadata reads are left of that weight."""
+
+    def __init__(self, hidden: int = 8, dim: int = 13) -> None:
+        super().__init__()
+        self.token_projection = nn.Conv2d(hidden * 2, dim, kernel_size=1)
+        self.hidden = hidden
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        device, dtype = self.token_projection.weight.device, self.token_projection.weight.dtype
+        n, _, h, w = x.shape
+        y = torch.arange(1, h + 1, device=device).to(dtype).view(1, h, 1).expand(n, h, w)
+        x_ = torch.arange(1, w + 1, device=device).to(dtype).view(1, 1, w).expand(n, h, w)
+        freq = 10000 ** (torch.arange(self.hidden, device=device).to(dtype) / self.hidden)
+        pos = torch.cat([(y[..., None] / freq).sin(), (x_[..., None] / freq).cos()], dim=3).permute(0, 3, 1, 2)
+        return x + self.token_projection(pos.to(dtype))
+
+
+def test_metadata_reads_of_a_fused_weight_do_not_keep_the_weight():
+    model = seeded(PositionalEncodingFourier())
+    opt = optimize_and_compare(model, torch.randn(2, 13, 7, 9))
+    assert fused_ops(opt) == [["conv2d", "add"]], str(opt.fusion_report)
+    kept = {k: tuple(v.shape) for k, v in opt.state_dict().items()}
+    assert sum(v.numel() for v in opt.state_dict().values()) == sum(p.numel() for p in model.parameters()), kept
