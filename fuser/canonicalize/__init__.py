@@ -1,5 +1,6 @@
 """Canonicalization: one form for each thing before matching (see fuser.graph_ops for the forms).
 
+First, computations on parameters and buffers alone are folded into constants (constant_folding, a pass).
 The rules come in families, one module each, and one driver (fuser.canonicalize.driver) applies them:
 
     passthrough       ops that compute nothing (nn.Identity, inactive dropout, GPT-2's flatten pair) vanish
@@ -19,6 +20,7 @@ from __future__ import annotations
 import torch.fx as fx
 
 from fuser.canonicalize import activation_calls, activation_forms, gemm_forms, identity_branches, layers, passthrough
+from fuser.canonicalize.constant_folding import fold_constants
 from fuser.canonicalize.driver import Context, Rule, run_rules
 
 # Ordered: layer modules first (so activation rules see fresh producers), then GEMM forms, single-call
@@ -35,8 +37,11 @@ RULES: list[Rule] = [
 
 def canonicalize(gm: fx.GraphModule, rules: list[Rule] | None = None) -> dict[str, int]:
     """Rewrite ``gm`` in place to canonical forms; returns {rule name: times fired}, in the order they first
-    fired (empty when nothing changed). The graph is linted and recompiled when anything did."""
-    return run_rules(gm, RULES if rules is None else rules)
+    fired (``constant_folding`` first: the computations folded), empty when nothing changed. The graph is
+    linted and recompiled when anything did."""
+    folded = fold_constants(gm)
+    fired = run_rules(gm, RULES if rules is None else rules)
+    return {"constant_folding": folded, **fired} if folded else fired
 
 
-__all__ = ["RULES", "Context", "Rule", "canonicalize"]
+__all__ = ["RULES", "Context", "Rule", "canonicalize", "fold_constants"]

@@ -1,16 +1,23 @@
 """Layer modules become functional calls with their parameters read through get_attr (nn.Conv2d -> F.conv2d,
-eval nn.BatchNorm2d -> F.batch_norm, nn.Linear -> F.linear): the forms fuser.graph_ops names."""
+eval nn.BatchNorm2d -> F.batch_norm, nn.Linear -> F.linear): the forms fuser.graph_ops names.
+
+A conv (1-d, 2-d or 3-d) or linear under a parametrization (``torch.nn.utils.parametrizations.weight_norm``,
+``spectral_norm``) computes its weight from the parametrization's tensors at every call; in eval mode that
+weight is a constant, so it is computed once here and read through a get_attr like any other."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import parametrize
 
 from fuser.canonicalize.driver import Context, Rule, get_attr, replace
+from fuser.graph_ops import unused_name
 
 
 def _module(node: fx.Node, ctx: Context, types: tuple[type[nn.Module], ...]) -> nn.Module | None:
@@ -50,7 +57,70 @@ def rule_linear_module(node: fx.Node, ctx: Context) -> bool:
     return _module(node, ctx, (nn.Linear,)) is not None and _replace_by_call(node, ctx, F.linear, ["weight", "bias"])
 
 
+def _parametrized(node: fx.Node, ctx: Context, bases: tuple[type[nn.Module], ...]) -> nn.Module | None:
+    """The eval-mode module a ``call_module`` node calls on one input, when it is one of ``bases`` under a
+    parametrization (torch makes its class ``Parametrized<Base>``, a subclass of exactly the base)."""
+    if node.op != "call_module" or len(node.args) != 1 or node.kwargs:
+        return None
+    m = ctx.modules.get(str(node.target))
+    if m is None or m.training or not parametrize.is_parametrized(m) or type(m).__bases__ not in [(b,) for b in bases]:
+        return None
+    return m
+
+
+def _read(node: fx.Node, ctx: Context, m: nn.Module, name: str) -> fx.Node | None:
+    """A get_attr of ``m``'s tensor ``name`` registered on the graph module as a buffer: where a
+    parametrization computes it, its value now; else the module's own tensor (the same storage). Either way
+    nothing is left to read through ``m``, which can go. None where the module has no such tensor."""
+    value = getattr(m, name)
+    if value is None:
+        return None
+    with torch.no_grad():
+        value = value.detach()
+        if parametrize.is_parametrized(m, name):
+            value = value.clone(memory_format=torch.contiguous_format)
+    buffer = unused_name(ctx.gm, f"{str(node.target).replace('.', '_')}_{name}")
+    ctx.gm.register_buffer(buffer, value)
+    return get_attr(ctx, node, buffer)
+
+
+# The functional call of each layer type a parametrization may wrap.
+_PARAMETRIZED_CALLS: dict[type[nn.Module], Callable[..., Any]] = {
+    nn.Conv1d: F.conv1d,
+    nn.Conv2d: F.conv2d,
+    nn.Conv3d: F.conv3d,
+    nn.Linear: F.linear,
+}
+
+
+def rule_parametrized_layer(node: fx.Node, ctx: Context) -> bool:
+    m = _parametrized(node, ctx, tuple(_PARAMETRIZED_CALLS))
+    if m is None or getattr(m, "padding_mode", "zeros") != "zeros":
+        return False
+    weight, bias = _read(node, ctx, m, "weight"), _read(node, ctx, m, "bias")
+    call = _PARAMETRIZED_CALLS[type(m).__bases__[0]]
+    target = str(node.target)
+    if isinstance(m, nn.Linear):
+        replace(node, call, (node.args[0], weight, bias))
+    else:
+        replace(node, call, (node.args[0], weight, bias, m.stride, m.padding, m.dilation, m.groups))
+    # The parametrized module itself goes once nothing reads it: it holds the tensors the weight was computed
+    # from, and torch.save refuses a module that holds a parametrization.
+    reads = (str(n.target) for n in ctx.gm.graph.nodes if n.op in ("call_module", "get_attr"))
+    if not any(r == target or r.startswith(f"{target}.") for r in reads):
+        ctx.gm.delete_submodule(target)
+        ctx.modules = dict(ctx.gm.named_modules())
+    ctx.refresh_order()
+    return True
+
+
 RULES: list[Rule] = [
+    # weight_norm(nn.Conv2d) in eval -> F.conv2d(x, its weight computed once, bias, ...); Conv1d/3d, Linear alike
+    Rule(
+        "parametrized_layer",
+        "eval nn.ConvNd / nn.Linear under a parametrization (weight norm) -> F.convNd / F.linear of its weight",
+        rule_parametrized_layer,
+    ),
     # nn.Conv2d (zeros padding) -> F.conv2d(x, weight, bias, stride, padding, dilation, groups)
     Rule("conv_module", "nn.Conv2d -> F.conv2d with get_attr parameters", rule_conv_module),
     # nn.BatchNorm2d in eval with running stats -> F.batch_norm(x, mean, var, w, b, False, 0, eps)

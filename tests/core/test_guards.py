@@ -96,17 +96,24 @@ def test_longer_form_fails_shorter_form_fuses_with_a_note():
     assert any("2 users" in note for note in report.fused[0].notes)
 
 
-def test_computed_weight_is_not_a_constant():
-    class WeightStandardized(nn.Conv2d):
+def test_weight_computed_from_the_input_is_not_a_constant():
+    """A dynamic conv (CondConv-style: the weight mixes experts by the input's mean) computes its weight at run
+    time; a weight computed from parameters alone is folded instead (tests/core/test_constant_folding.py)."""
+
+    class ExpertMixture(nn.Conv2d):
+        def __init__(self, c_in: int, c_out: int) -> None:
+            super().__init__(c_in, c_out, 3, padding=1, bias=False)
+            self.experts = nn.Parameter(torch.randn(2, c_out, c_in, 3, 3))
+
         def forward(self, x):
-            w = self.weight
-            w = (w - w.mean((1, 2, 3), keepdim=True)) / (w.std((1, 2, 3), keepdim=True) + 1e-5)
+            mix = torch.sigmoid(x.mean())
+            w = self.weight + mix * self.experts[0] + (1 - mix) * self.experts[1]
             return F.conv2d(x, w, self.bias, self.stride, self.padding)
 
     class M(nn.Module):
         def __init__(self):
             super().__init__()
-            self.conv = WeightStandardized(5, 7, 3, bias=False)
+            self.conv = ExpertMixture(5, 7)
             self.bn = nn.BatchNorm2d(7)
 
         def forward(self, x):
