@@ -218,9 +218,31 @@ def pow_(ctx: NodeContext) -> Any:
     return result
 
 
-@converter("Sqrt", versions=(6, 13))
-def sqrt(ctx: NodeContext) -> Any:
-    return ctx.call(torch.sqrt, ctx.input(0))
+# One-input element-wise ops: the torch function each is, and the first opset of the schema converted.
+_UNARY: dict[str, tuple[int, Any]] = {
+    "Sqrt": (6, torch.sqrt),
+    "Neg": (6, torch.neg),
+    "Abs": (6, torch.abs),
+    "Exp": (6, torch.exp),
+    "Log": (6, torch.log),
+    "Reciprocal": (6, torch.reciprocal),
+    "Floor": (6, torch.floor),
+    "Ceil": (6, torch.ceil),
+    "Sin": (7, torch.sin),
+    "Cos": (7, torch.cos),
+}
+
+
+def _register_unary(op_type: str, first: int, target: Any) -> None:
+    @converter(op_type, opsets=(first, 21))
+    def convert(ctx: NodeContext) -> Any:
+        return ctx.call(target, ctx.input(0))
+
+    convert.__name__ = convert.__qualname__ = op_type.lower()
+
+
+for _op, (_first, _target) in _UNARY.items():
+    _register_unary(_op, _first, _target)
 
 
 @converter("Where", versions=(9, 16))

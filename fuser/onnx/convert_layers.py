@@ -159,10 +159,14 @@ def conv_transpose(ctx: NodeContext) -> Any:
 
 @converter("BatchNormalization", versions=(9, 14, 15))
 def batch_norm(ctx: NodeContext) -> Any:
-    if ctx.attr("training_mode", 0):
-        raise ctx.unsupported("training_mode=1 (inference graphs only)")
+    """Eval BatchNorm: ``F.batch_norm(training=False)``. In training mode (torch.onnx writes it for
+    ``F.batch_norm(w, None, None, training=True)``, the weight standardization of timm's NFNets) the output
+    normalizes by its own batch statistics, which is what it computes for a weight, a constant; only the
+    running statistics it also outputs have no inference form."""
     x, scale, bias, mean, var = (ctx.input(i) for i in range(5))
     eps = float(ctx.attr("epsilon", 1e-5))
+    if ctx.attr("training_mode", 0):  # outputs 1 and 2 are not converted: a graph that reads them is refused
+        return ctx.call(F.batch_norm, x, None, None, scale, bias, True, 0.0, eps)
     return ctx.call(F.batch_norm, x, mean, var, scale, bias, False, 0.0, eps)
 
 
@@ -307,26 +311,48 @@ def layer_norm(ctx: NodeContext) -> Any:
     return y if bias is None else ctx.call(operator.add, y, bias)
 
 
-def _reduce_mean(ctx: NodeContext, axes: list[int] | None) -> Any:
+def _reduce(ctx: NodeContext, axes: list[int] | None, target: Any, **options: Any) -> Any:
+    """``target(x, dim=axes, keepdim=...)``, ONNX's reductions: no axes means every axis, or none at all
+    with ``noop_with_empty_axes``."""
     x = ctx.input(0)
     keepdim = bool(ctx.attr("keepdims", 1))
     if not axes:
         if ctx.attr("noop_with_empty_axes", 0):
             return x
         if not keepdim:
-            return ctx.call(torch.mean, x)
+            return ctx.call(target, x, **options)
         axes = list(range(ctx.require_rank(0)))
-    return ctx.call(torch.mean, x, dim=tuple(axes), keepdim=keepdim)
+    return ctx.call(target, x, dim=tuple(axes), keepdim=keepdim, **options)
 
 
 @converter("ReduceMean", versions=(1, 11, 13))
 def reduce_mean_attribute(ctx: NodeContext) -> Any:
-    return _reduce_mean(ctx, ctx.attr("axes"))
+    return _reduce(ctx, ctx.attr("axes"), torch.mean)
 
 
 @converter("ReduceMean", versions=(18,))
 def reduce_mean_input(ctx: NodeContext) -> Any:
-    return _reduce_mean(ctx, ctx.constant_ints(1, "axes"))
+    return _reduce(ctx, ctx.constant_ints(1, "axes"), torch.mean)
+
+
+@converter("ReduceL2", versions=(1, 11, 13))
+def reduce_l2_attribute(ctx: NodeContext) -> Any:
+    return _reduce(ctx, ctx.attr("axes"), torch.linalg.vector_norm, ord=2)
+
+
+@converter("ReduceL2", versions=(18,))
+def reduce_l2_input(ctx: NodeContext) -> Any:
+    """The L2 norm over axes given as an input: the dynamo exporter's weight norm (wav2vec 2.0's positional conv)."""
+    return _reduce(ctx, ctx.constant_ints(1, "axes"), torch.linalg.vector_norm, ord=2)
+
+
+@converter("InstanceNormalization", versions=(6, 22))
+def instance_norm(ctx: NodeContext) -> Any:
+    """Each sample's channels normalized over their own pixels, then scaled and shifted per channel (torch.onnx's
+    form of ``GroupNorm`` with a group per channel, wav2vec 2.0's first feature conv)."""
+    x, scale, bias = ctx.input(0), ctx.input(1), ctx.input(2)
+    eps = float(ctx.attr("epsilon", 1e-5))
+    return ctx.call(F.instance_norm, x, None, None, scale, bias, True, 0.0, eps)
 
 
 @converter("CumSum", versions=(11, 14))

@@ -49,6 +49,33 @@ def test_sqrt_of_square() -> None:
     check_import(make_model(nodes, [info("x0", SHAPE)], [info("y0", None)], opset=13), "Sqrt")
 
 
+# One-input ops, each on inputs where it is defined (Log and Reciprocal on a positive input: x * x + 0.5).
+UNARY = {
+    "Neg": torch.neg,
+    "Abs": torch.abs,
+    "Exp": torch.exp,
+    "Log": torch.log,
+    "Reciprocal": torch.reciprocal,
+    "Floor": torch.floor,
+    "Ceil": torch.ceil,
+    "Sin": torch.sin,
+    "Cos": torch.cos,
+}
+
+
+@pytest.mark.parametrize("opset", [13, 21])
+@pytest.mark.parametrize("op", UNARY)
+def test_unary(op: str, opset: int) -> None:
+    nodes = [
+        helper.make_node("Mul", ["x0", "x0"], ["sq"]),
+        helper.make_node("Add", ["sq", "half"], ["positive"]),
+        helper.make_node(op, ["positive" if op in ("Log", "Reciprocal") else "x0"], ["y0"]),
+    ]
+    model = make_model(nodes, [info("x0", SHAPE)], [info("y0", None)], [const("half", np.float32(0.5))], opset=opset)
+    module = check_import(model, f"{op} opset {opset}")
+    assert UNARY[op] in call_targets(module), call_targets(module)
+
+
 @pytest.mark.parametrize("exponent", [np.float32(2.0), np.float32(3.0), np.float32(0.5)])
 def test_pow_constant_exponent(exponent: np.float32) -> None:
     nodes = [helper.make_node("Mul", ["x0", "x0"], ["sq"]), helper.make_node("Pow", ["sq", "e"], ["y0"])]

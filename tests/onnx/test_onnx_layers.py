@@ -116,6 +116,57 @@ def test_batch_norm(opset: int) -> None:
     check_import(model, f"BatchNormalization opset {opset}")
 
 
+def test_batch_norm_in_training_mode_normalizes_by_its_own_statistics() -> None:
+    """torch.onnx's form of timm's weight standardization: a training-mode BatchNormalization of the conv's
+    weight, reshaped to one row per output channel (its inputs' mean and var are unused in that mode)."""
+    c_out, c_in = 7, 5
+    weight = RNG.standard_normal((c_out, c_in, 3, 3)).astype(np.float32)
+    inits = [
+        const("w", weight.reshape(1, c_out, -1)),
+        const("w_shape", np.array(weight.shape, np.int64)),
+        const("gain", RNG.uniform(0.5, 1.5, c_out)),
+        const("zero", np.zeros(c_out, np.float32)),
+        const("mean", np.zeros(c_out, np.float32)),
+        const("var", np.ones(c_out, np.float32)),
+    ]
+    nodes = [
+        helper.make_node(
+            "BatchNormalization",
+            ["w", "gain", "zero", "mean", "var"],
+            ["w_std", "running_mean", "running_var"],  # as torch.onnx writes it; nothing reads the last two
+            epsilon=1e-6,
+            training_mode=1,
+        ),
+        helper.make_node("Reshape", ["w_std", "w_shape"], ["w_conv"]),
+        helper.make_node("Conv", ["x", "w_conv"], ["y"], pads=[1, 1, 1, 1]),
+    ]
+    # onnx's checker wants the output's shape where a node runs in training mode
+    model = make_model(nodes, [info("x", ["N", c_in, 9, 7])], [info("y", ["N", c_out, 9, 7])], inits, opset=15)
+    check_import(model, "BatchNormalization training_mode=1 on a weight")
+
+
+def test_batch_norm_in_training_mode_whose_running_statistics_are_read_is_refused() -> None:
+    c = 7
+    inits = [const(n, np.ones(c, np.float32)) for n in ("scale", "bias", "mean", "var")]
+    node = helper.make_node(
+        "BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y", "running_mean", "running_var"],
+        training_mode=1,
+    )  # fmt: skip
+    outputs = [info("y", ["N", c, 5, 3]), info("running_mean", [c])]
+    model = make_model([node], [info("x", ["N", c, 5, 3])], outputs, inits, opset=15)
+    with pytest.raises(NotImplementedError, match=r"BatchNormalization.*using output 1 \('running_mean'\)"):
+        import_onnx(model)
+
+
+@pytest.mark.parametrize("opset", [13, 22])  # schema versions 6 and 22
+def test_instance_norm(opset: int) -> None:
+    c = 7
+    inits = [const("scale", RNG.uniform(0.5, 1.5, c)), const("bias", RNG.standard_normal(c) * 0.2)]
+    node = helper.make_node("InstanceNormalization", ["x", "scale", "bias"], ["y"], epsilon=1e-4)
+    model = make_model([node], [info("x", ["N", c, 13])], [info("y", None)], inits, opset=opset)
+    check_import(model, f"InstanceNormalization opset {opset}")
+
+
 # -- MatMul, Gemm ----------------------------------------------------------------------------------
 
 
@@ -260,6 +311,21 @@ def test_reduce_mean_input(axes: list | None, keepdims: int) -> None:
         "ReduceMean", [["N", 5, 7, 3]], opset=18, initializers=inits, extra_inputs=extra, keepdims=keepdims
     )
     check_import(model, f"ReduceMean opset 18 {axes}")
+
+
+@pytest.mark.parametrize("keepdims", [0, 1])
+@pytest.mark.parametrize("axes", [[-1], [1, 2], None], ids=["last", "two", "all"])
+@pytest.mark.parametrize("opset", [13, 18])
+def test_reduce_l2(axes: list | None, keepdims: int, opset: int) -> None:
+    if opset >= 18:
+        inits = [const("axes", np.array(axes, np.int64))] if axes is not None else []
+        extra = ["axes"] if axes is not None else []
+        model = single_op("ReduceL2", [["N", 5, 7, 3]], opset=opset, initializers=inits, extra_inputs=extra,
+                          keepdims=keepdims)  # fmt: skip
+    else:
+        attrs = {"keepdims": keepdims} | ({"axes": axes} if axes is not None else {})
+        model = single_op("ReduceL2", [["N", 5, 7, 3]], opset=opset, **attrs)
+    check_import(model, f"ReduceL2 opset {opset} {axes}")
 
 
 def test_reduce_mean_noop_with_empty_axes() -> None:
