@@ -107,6 +107,13 @@ def _hf(model_cls: str, config_cls: str, **config: object) -> Callable[[], nn.Mo
     return make
 
 
+_WAV2VEC2 = {
+    "conv_dim": (32, 32),
+    "conv_stride": (5, 2),
+    "conv_kernel": (10, 3),
+    "num_conv_pos_embeddings": 16,
+    "num_conv_pos_embedding_groups": 4,
+}
 _BERT = {"hidden_size": 48, "num_hidden_layers": 2, "num_attention_heads": 3, "intermediate_size": 96}
 
 ZOO: list[ZooModel] = [
@@ -194,6 +201,18 @@ ZOO: list[ZooModel] = [
         _timm("deit_tiny_patch16_224", img_size=48),
         (1, 3, 48, 48),
     ),
+    # weights computed in the forward (standardized, NFNet), a fused conv's weight read for its device (EdgeNeXt),
+    # a cache filled while traced (EfficientViT), rotary tables computed in every block (EVA-02)
+    ZooModel("timm nf_resnet26", "timm", "classification", _timm("nf_resnet26"), (1, 3, 45, 39)),
+    ZooModel("timm edgenext_xx_small", "timm", "classification", _timm("edgenext_xx_small"), (1, 3, 64, 64)),
+    ZooModel("timm efficientvit_m0", "timm", "classification", _timm("efficientvit_m0", img_size=64), (1, 3, 64, 64)),
+    ZooModel(
+        "timm eva02_tiny_patch14_224",
+        "timm",
+        "classification",
+        _timm("eva02_tiny_patch14_224", img_size=56),
+        (1, 3, 56, 56),
+    ),
     # ultralytics
     ZooModel("yolov8n", "ultralytics", "detection", _yolo("yolov8n.yaml"), (1, 3, 64, 96)),
     ZooModel("yolo11n", "ultralytics", "detection", _yolo("yolo11n.yaml"), (1, 3, 64, 96)),
@@ -233,6 +252,13 @@ ZOO: list[ZooModel] = [
         "classification",
         _hf("ResNetModel", "ResNetConfig", embedding_size=16, hidden_sizes=[16, 24, 32, 48], depths=[1, 1, 1, 1]),
         (1, 3, 45, 39),
+    ),
+    ZooModel(
+        "wav2vec2 (transformers)",  # its positional conv is a Conv1d under weight_norm
+        "transformers",
+        "audio",
+        _hf("Wav2Vec2Model", "Wav2Vec2Config", **_WAV2VEC2, **_BERT),
+        (1, 801),
     ),
     ZooModel(
         "convnext (transformers)",
