@@ -43,3 +43,21 @@ def reference64(model: torch.nn.Module, *inputs: torch.Tensor):
     """The original model run in float64 on a copy: the oracle every optimized output is compared with."""
     with torch.no_grad():
         return copy.deepcopy(model).double()(*(t.double() if t.is_floating_point() else t for t in inputs))
+
+
+def optimize_and_compare(model: torch.nn.Module, *inputs: torch.Tensor):
+    """``fuser.optimize(model)`` (torch backend), its output (or each of a tuple's) checked against
+    :func:`reference64` within the ieee tolerance; returns the optimized module."""
+    import fuser
+
+    opt = fuser.optimize(model, inputs, backend="torch")
+    with torch.no_grad():
+        out, ref = opt(*inputs), reference64(model, *inputs)
+    for o, r in zip(out if isinstance(out, tuple) else (out,), ref if isinstance(ref, tuple) else (ref,), strict=True):
+        assert_close(o, r, "ieee")
+    return opt
+
+
+def fused_ops(opt) -> list[list[str]]:
+    """The ops of each fused chain of an optimized module, in the report's order."""
+    return [e.ops for e in opt.fusion_report.fused]

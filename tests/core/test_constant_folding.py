@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from accuracy import assert_close, reference64
+from accuracy import fused_ops, optimize_and_compare
 from torch import nn
 from torch.nn.utils import parametrizations
 from toy_models import seeded
@@ -23,25 +23,10 @@ from fuser.canonicalize import fold_constants
 from fuser.capture.tracing import trace
 
 
-def optimize_and_compare(model: nn.Module, *inputs: torch.Tensor) -> fuser.OptimizedModule:
-    opt = fuser.optimize(model, inputs, backend="torch")
-    with torch.no_grad():
-        assert_close(opt(*inputs), reference64(model, *inputs), "ieee")
-    return opt
-
-
-def fused_ops(opt: fuser.OptimizedModule) -> list[list[str]]:
-    return [e.ops for e in opt.fusion_report.fused]
-
-
 def elements(module: nn.Module) -> int:
     """The elements of every tensor ``module`` holds (parameters and buffers, persistent or not), each once."""
     tensors = {t.data_ptr(): t.numel() for _, t in [*module.named_parameters(), *module.named_buffers()]}
     return sum(tensors.values())
-
-
-def graph_targets(opt: fuser.OptimizedModule) -> list[str]:
-    return [str(n.target) for n in opt.module.graph.nodes]
 
 
 class ScaledStdConv2d(nn.Conv2d):

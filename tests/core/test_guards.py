@@ -5,20 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from accuracy import assert_close, reference64
+from accuracy import assert_close, optimize_and_compare, reference64
 from torch import nn
 from toy_models import ConvBnAct, SharedConv, seeded
 
 import fuser
-
-
-def optimize_and_compare(model: nn.Module, *inputs: torch.Tensor) -> fuser.OptimizedModule:
-    opt = fuser.optimize(model, inputs, backend="torch")
-    with torch.no_grad():
-        out, ref = opt(*inputs), reference64(model, *inputs)
-    for o, r in zip(out if isinstance(out, tuple) else (out,), ref if isinstance(ref, tuple) else (ref,), strict=True):
-        assert_close(o, r, "ieee")
-    return opt
 
 
 def only_rejection(opt: fuser.OptimizedModule):

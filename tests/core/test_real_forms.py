@@ -14,23 +14,11 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
-from accuracy import assert_close, reference64
+from accuracy import assert_close, fused_ops, optimize_and_compare, reference64
 from torch import nn
 from toy_models import seeded
 
 import fuser
-
-
-def optimize_and_compare(model: nn.Module, *inputs: torch.Tensor) -> fuser.OptimizedModule:
-    opt = fuser.optimize(model, inputs, backend="torch")
-    with torch.no_grad():
-        assert_close(opt(*inputs), reference64(model, *inputs), "ieee")
-    return opt
-
-
-def fused_ops(opt: fuser.OptimizedModule) -> list[list[str]]:
-    return [e.ops for e in opt.fusion_report.fused]
-
 
 # ---------------------------------------------------------------------------------------------------------
 # The forward the instance runs
