@@ -30,10 +30,17 @@ def _pair(value: int | tuple[int, ...] | list[int]) -> tuple[int, int]:
     return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
 
 
+# Folded (weight, bias) by the identity of the tensors they were folded from, so that chains reading the same
+# layer and BatchNorm (a module called at several places: ALBERT's shared layers, detection heads shared across
+# levels) share one folded copy rather than each holding its own.
+FoldedTensors = dict[tuple, tuple[torch.Tensor, torch.Tensor | None]]
+
+
 def build_fused_module(
-    chain: Chain, gm: fx.GraphModule, precision: Precision, backend: str
+    chain: Chain, gm: fx.GraphModule, precision: Precision, backend: str, folded: FoldedTensors | None = None
 ) -> FusedConv2d | FusedLinear:
-    """The fused module that computes ``chain`` (BN folded in float64)."""
+    """The fused module that computes ``chain`` (BN folded in float64; from ``folded`` where the same tensors were
+    folded before, and added to it otherwise)."""
     builds = chain.pattern.builds
     if builds is None:
         raise ValueError(f"pattern {chain.pattern.name} {chain.pattern.steps} is report-only: it builds nothing")
@@ -44,7 +51,15 @@ def build_fused_module(
     bias = constant_tensor(gm, args["bias"])
     found = chain.step("batch_norm")
     if found is not None:
-        weight, bias = fold_batchnorm(weight, bias, batchnorm_params(found[0], gm))
+        params = batchnorm_params(found[0], gm)
+        sources = (weight, bias, params.running_mean, params.running_var, params.weight, params.bias)
+        key = (*(None if t is None else id(t) for t in sources), params.eps)
+        if folded is not None and key in folded:
+            weight, bias = folded[key]
+        else:
+            weight, bias = fold_batchnorm(weight, bias, params)
+            if folded is not None:
+                folded[key] = (weight, bias)
     if linear:
         return FusedLinear(weight, bias, epilogue=chain.epilogue, precision=precision, backend=backend, source=source)
     dilation = _pair(args["dilation"])
@@ -91,8 +106,9 @@ def rewrite_chains(gm: fx.GraphModule, chains: list[Chain], precision: Precision
         return []
     graph = gm.graph
     names = []
+    folded: FoldedTensors = {}
     for chain in chains:
-        module = build_fused_module(chain, gm, precision, backend)
+        module = build_fused_module(chain, gm, precision, backend, folded)
         head_args = bind(chain.head, chain.pattern.builds.args, chain.pattern.builds.defaults)
         name = _free_name(gm, module.source)
         gm.add_submodule(name, module)

@@ -683,3 +683,27 @@ def test_metadata_reads_of_a_fused_weight_do_not_keep_the_weight():
     assert fused_ops(opt) == [["conv2d", "add"]], str(opt.fusion_report)
     kept = {k: tuple(v.shape) for k, v in opt.state_dict().items()}
     assert sum(v.numel() for v in opt.state_dict().values()) == sum(p.numel() for p in model.parameters()), kept
+
+
+class SharedHead(nn.Module):
+    """torchvision's RetinaNet / FCOS heads: one conv -> BN -> ReLU block applied to every feature level."""
+
+    def __init__(self, c: int = 13) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(c)
+
+    def forward(self, p3: torch.Tensor, p4: torch.Tensor, p5: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(F.relu(self.bn(self.conv(p))) for p in (p3, p4, p5))
+
+
+def test_a_block_applied_at_several_places_folds_once():
+    """Each call fuses on its own (a fused module is specialized per call: its input scale, its cat buffer),
+    but the three share one folded weight and bias rather than each holding a copy."""
+    model = seeded(SharedHead())
+    levels = [torch.randn(2, 13, s, s + 2) for s in (15, 9, 5)]
+    opt = optimize_and_compare(model, *levels)
+    assert fused_ops(opt) == [["conv2d", "batch_norm", "relu"]] * 3, str(opt.fusion_report)
+    fused = [m for m in opt.modules() if type(m).__name__ == "FusedConv2d"]
+    assert len(fused) == 3 and len({m.weight.data_ptr() for m in fused}) == 1
+    assert len({m.bias.data_ptr() for m in fused}) == 1

@@ -75,7 +75,9 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _numel(module: nn.Module) -> int:
-    return sum(t.numel() for t in module.state_dict().values())
+    """The elements of the module's state dict, a tensor stored under several names (a layer used at several
+    places, ALBERT's) counted once, as torch.save stores it."""
+    return sum({t.data_ptr(): t.numel() for t in module.state_dict().values()}.values())
 
 
 @contextlib.contextmanager
