@@ -346,6 +346,37 @@ def reduce_l2_input(ctx: NodeContext) -> Any:
     return _reduce(ctx, ctx.constant_ints(1, "axes"), torch.linalg.vector_norm, ord=2)
 
 
+@converter("ReduceSum", versions=(1, 11))
+def reduce_sum_attribute(ctx: NodeContext) -> Any:
+    return _reduce(ctx, ctx.attr("axes"), torch.sum)
+
+
+@converter("ReduceSum", versions=(13,))
+def reduce_sum_input(ctx: NodeContext) -> Any:
+    """A sum over axes given as an input: ResNeSt's and SKNet's split attention sum their branches."""
+    return _reduce(ctx, ctx.constant_ints(1, "axes"), torch.sum)
+
+
+@converter("ReduceMax", versions=(1, 11, 12, 13))
+def reduce_max_attribute(ctx: NodeContext) -> Any:
+    return _reduce(ctx, ctx.attr("axes"), torch.amax)
+
+
+@converter("ReduceMax", versions=(18, 20))
+def reduce_max_input(ctx: NodeContext) -> Any:
+    return _reduce(ctx, ctx.constant_ints(1, "axes"), torch.amax)
+
+
+@converter("ReduceMin", versions=(1, 11, 12, 13))
+def reduce_min_attribute(ctx: NodeContext) -> Any:
+    return _reduce(ctx, ctx.attr("axes"), torch.amin)
+
+
+@converter("ReduceMin", versions=(18, 20))
+def reduce_min_input(ctx: NodeContext) -> Any:
+    return _reduce(ctx, ctx.constant_ints(1, "axes"), torch.amin)
+
+
 @converter("InstanceNormalization", versions=(6, 22))
 def instance_norm(ctx: NodeContext) -> Any:
     """Each sample's channels normalized over their own pixels, then scaled and shifted per channel (torch.onnx's

@@ -1,5 +1,6 @@
-"""Layers imported from ONNX (Conv, ConvTranspose, BatchNormalization, MatMul, Gemm, pools, LayerNormalization,
-ReduceMean, CumSum, Resize, Pad) match onnxruntime at two batch sizes, across attribute and opset forms."""
+"""Layers imported from ONNX (Conv, ConvTranspose, BatchNormalization, InstanceNormalization, MatMul, Gemm, pools,
+LayerNormalization, the reductions, CumSum, Resize, Pad) match onnxruntime at two batch sizes, across attribute and
+opset forms."""
 
 from __future__ import annotations
 
@@ -313,19 +314,26 @@ def test_reduce_mean_input(axes: list | None, keepdims: int) -> None:
     check_import(model, f"ReduceMean opset 18 {axes}")
 
 
+# Reductions besides ReduceMean: (the last opset whose schema has the axes as an attribute, the first with them
+# as an input).
+REDUCTIONS = {"ReduceL2": (17, 18), "ReduceSum": (12, 13), "ReduceMax": (17, 18), "ReduceMin": (17, 18)}
+
+
 @pytest.mark.parametrize("keepdims", [0, 1])
 @pytest.mark.parametrize("axes", [[-1], [1, 2], None], ids=["last", "two", "all"])
-@pytest.mark.parametrize("opset", [13, 18])
-def test_reduce_l2(axes: list | None, keepdims: int, opset: int) -> None:
-    if opset >= 18:
+@pytest.mark.parametrize("axes_as_input", [False, True], ids=["attribute", "input"])
+@pytest.mark.parametrize("op", list(REDUCTIONS))
+def test_reductions(op: str, axes_as_input: bool, axes: list | None, keepdims: int) -> None:
+    opset = REDUCTIONS[op][axes_as_input]
+    if axes_as_input:
         inits = [const("axes", np.array(axes, np.int64))] if axes is not None else []
         extra = ["axes"] if axes is not None else []
-        model = single_op("ReduceL2", [["N", 5, 7, 3]], opset=opset, initializers=inits, extra_inputs=extra,
+        model = single_op(op, [["N", 5, 7, 3]], opset=opset, initializers=inits, extra_inputs=extra,
                           keepdims=keepdims)  # fmt: skip
     else:
         attrs = {"keepdims": keepdims} | ({"axes": axes} if axes is not None else {})
-        model = single_op("ReduceL2", [["N", 5, 7, 3]], opset=opset, **attrs)
-    check_import(model, f"ReduceL2 opset {opset} {axes}")
+        model = single_op(op, [["N", 5, 7, 3]], opset=opset, **attrs)
+    check_import(model, f"{op} opset {opset} {axes}")
 
 
 def test_reduce_mean_noop_with_empty_axes() -> None:
