@@ -175,6 +175,14 @@ def matmul(ctx: NodeContext) -> Any:
     return ctx.call(torch.matmul, ctx.input(0), ctx.input(1))
 
 
+@converter("Einsum", versions=(12, 28))
+def einsum(ctx: NodeContext) -> Any:
+    """``torch.einsum`` of the same equation (numpy's syntax in both, ``...`` included; torchvision's MaxViT
+    writes its relative-position attention so)."""
+    equation = str(ctx.attr("equation")).replace(" ", "")
+    return ctx.call(torch.einsum, equation, *(ctx.input(i) for i in range(ctx.num_inputs)))
+
+
 @converter("Gemm", versions=(7, 9, 11, 13))
 def gemm(ctx: NodeContext) -> Any:
     """``alpha * A' @ B' + beta * C``. With a constant B this is ``F.linear(a, w, b)``: the weight in

@@ -172,6 +172,20 @@ def test_instance_norm(opset: int) -> None:
 
 
 @pytest.mark.parametrize(
+    "equation, shapes",
+    [
+        ("bhid,bhjd->bhij", [["N", 3, 7, 5], ["N", 3, 9, 5]]),
+        ("... i d, ... j d -> ... i j", [["N", 2, 7, 5], ["N", 2, 9, 5]]),
+        ("nchw,kc->nkhw", [["N", 5, 7, 3], [11, 5]]),
+        ("bij->bji", [["N", 7, 5]]),
+    ],
+    ids=["batched-qk", "ellipsis-spaces", "channel-mix", "transpose"],
+)
+def test_einsum(equation: str, shapes: list) -> None:
+    check_import(single_op("Einsum", shapes, opset=17, equation=equation), f"Einsum {equation}")
+
+
+@pytest.mark.parametrize(
     "a_shape, b_shape",
     [(["N", 19], [19, 21]), (["N", 7, 19], [19, 13]), (["N", 3, 7, 19], ["N", 3, 19, 5]), (["N", 19], [19])],
     ids=["2d", "3d-const", "4d-batched", "vector"],
