@@ -234,7 +234,7 @@ _UNARY: dict[str, tuple[int, Any]] = {
 
 
 def _register_unary(op_type: str, first: int, target: Any) -> None:
-    @converter(op_type, opsets=(first, 21))
+    @converter(op_type, opsets=(first, 22))
     def convert(ctx: NodeContext) -> Any:
         return ctx.call(target, ctx.input(0))
 

@@ -31,8 +31,9 @@ def _pair(value: int | tuple[int, ...] | list[int]) -> tuple[int, int]:
 
 
 # Folded (weight, bias) by the identity of the tensors they were folded from, so that chains reading the same
-# layer and BatchNorm (a module called at several places: ALBERT's shared layers, detection heads shared across
-# levels) share one folded copy rather than each holding its own.
+# layer and BatchNorm (a block called at several places: RetinaNet's head over the feature levels) share one
+# folded copy rather than each holding its own. Without a BatchNorm a fused module holds the layer's own
+# tensors, shared already (ALBERT's layers, one set for all its calls).
 FoldedTensors = dict[tuple, tuple[torch.Tensor, torch.Tensor | None]]
 
 
