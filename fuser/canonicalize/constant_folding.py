@@ -28,18 +28,12 @@ import torch.nn.functional as F
 from fuser.canonicalize.driver import erase_if_dead
 from fuser.graph_ops import fetch_attr, unused_name
 
-# Ops that draw random numbers or leave memory uninitialized: never folded, whatever their inputs.
-_IMPURE_NAME_PARTS = (
-    "rand",
-    "dropout",
-    "normal",
-    "bernoulli",
-    "multinomial",
-    "poisson",
-    "uniform",
-    "exponential",
-    "empty",
-)
+# Ops that draw random numbers: never folded, whatever their inputs (nor ops with "dropout" or "empty" in their
+# names: dropouts, and memory left uninitialized).
+_RANDOM = frozenset(
+    {"rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "normal", "bernoulli",
+     "multinomial", "poisson"}
+)  # fmt: skip
 # Functions that write into one of their inputs (the in-place operator forms).
 _IN_PLACE_OPERATORS = frozenset(
     {operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ipow}
@@ -53,11 +47,14 @@ def _name(target: Any) -> str:
 
 def _writes_in_place(node: fx.Node) -> bool:
     """Whether ``node`` may change one of its inputs: an in-place method or function (``add_``,
-    ``x[i] = v``), an ``out=`` argument, or a batch norm that updates running statistics."""
+    ``x[i] = v``, ``F.relu(x, inplace=True)``), an ``out=`` tensor, or a batch norm that updates running
+    statistics."""
     if node.op not in ("call_function", "call_method"):
         return node.op == "call_module"  # a module may update its own buffers from its input
     name = _name(node.target)
-    if (name.endswith("_") and not name.endswith("__")) or node.target in _IN_PLACE_OPERATORS or "out" in node.kwargs:
+    if (name.endswith("_") and not name.endswith("__")) or node.target in _IN_PLACE_OPERATORS:
+        return True
+    if node.kwargs.get("out") is not None or node.kwargs.get("inplace") is True:  # fx records out=None defaults
         return True
     if node.target in _BATCH_NORMS:
         running = [*node.args[1:3], node.kwargs.get("running_mean"), node.kwargs.get("running_var")]
@@ -69,7 +66,7 @@ def _is_pure(node: fx.Node) -> bool:
     if node.op not in ("call_function", "call_method"):
         return False
     name = _name(node.target).lower()
-    return not _writes_in_place(node) and not any(part in name for part in _IMPURE_NAME_PARTS)
+    return not _writes_in_place(node) and name not in _RANDOM and "dropout" not in name and "empty" not in name
 
 
 def _written_targets(gm: fx.GraphModule) -> set[str]:

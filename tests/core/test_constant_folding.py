@@ -247,3 +247,44 @@ def test_a_value_folded_from_a_non_persistent_buffer_stays_out_of_the_state_dict
     opt = optimize_and_compare(model, torch.randn(3, 5, 15))
     assert fused_ops(opt) == [["linear", "silu"]], str(opt.fusion_report)
     assert elements(opt) <= elements(model), sorted(opt.state_dict())
+
+
+class CosineClassifier(nn.Module):
+    """A cosine-similarity head (face recognition's ArcFace, few-shot classifiers): the class weights are
+    normalized in every forward with F.normalize, whose name must not read as a random op's."""
+
+    def __init__(self, features: int = 19, classes: int = 13) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(classes, features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(F.linear(F.normalize(x, dim=1), F.normalize(self.weight, dim=1)))
+
+
+def test_a_normalized_weight_is_folded():
+    model = seeded(CosineClassifier())
+    opt = optimize_and_compare(model, torch.randn(5, 19))
+    assert opt.fusion_report.rules_fired.get("constant_folding") == 1, opt.fusion_report.rules_fired
+    assert fused_ops(opt) == [["linear", "relu"]], str(opt.fusion_report)
+    assert elements(opt) <= elements(model), sorted(opt.state_dict())
+
+
+class ElusItsWeight(nn.Module):
+    """A forward that writes its (frozen) weight in place at every call: ELU again, so the weight, and the
+    output, change from call to call. The write must run each time, as in the original."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(11, 7), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ F.elu(self.w, inplace=True).t()
+
+
+def test_a_parameter_written_in_place_is_not_folded():
+    model, x = seeded(ElusItsWeight()), torch.randn(3, 7)
+    opt = fuser.optimize(model, (x,), backend="torch")
+    assert "constant_folding" not in opt.fusion_report.rules_fired
+    with torch.no_grad():
+        first, second = opt(x), opt(x)
+    assert not torch.allclose(first, second)  # the second call reads the weight the first one wrote
