@@ -2,10 +2,10 @@
 parametrized-layer rule of fuser.canonicalize.layers), so the convs that read them fuse.
 
 The replicas copy the forward of timm's ``ScaledStdConv2d`` (NFNets) and ``StdConv2d`` (BiT ResNetV2) as timm
-writes it; the parametrizations are torch's own. Every test compares with a float64 run of the original, and
-the ones that fold check that the tensors the weight was computed from are gone from the optimized module.
-What must not fold (a gather that grows a table, random numbers, a parameter other ops still read) stays in
-the graph and still gives the original's answers.
+writes it; the parametrizations are torch's own. The tests that fold compare with a float64 run of the
+original and check that the tensors the weight was computed from are gone from the optimized module. What must
+not fold (a gather that grows a table, random numbers, a parameter other ops still read or the forward writes)
+stays in the graph and behaves as in the original.
 """
 
 from __future__ import annotations
