@@ -333,56 +333,35 @@ def _reduce(ctx: NodeContext, axes: list[int] | None, target: Any, **options: An
     return ctx.call(target, x, dim=tuple(axes), keepdim=keepdim, **options)
 
 
-@converter("ReduceMean", versions=(1, 11, 13))
-def reduce_mean_attribute(ctx: NodeContext) -> Any:
-    return _reduce(ctx, ctx.attr("axes"), torch.mean)
+# ONNX's reductions: the torch call each is (with its fixed options), the schema versions that take the axes as
+# an attribute, and those that take them as an input. ReduceL2 is the dynamo exporter's weight norm (wav2vec
+# 2.0's positional conv); ReduceSum sums ResNeSt's and SKNet's split-attention branches.
+_REDUCTIONS: dict[str, tuple[Any, dict[str, Any], tuple[int, ...], tuple[int, ...]]] = {
+    "ReduceMean": (torch.mean, {}, (1, 11, 13), (18,)),
+    "ReduceL2": (torch.linalg.vector_norm, {"ord": 2}, (1, 11, 13), (18,)),
+    "ReduceSum": (torch.sum, {}, (1, 11), (13,)),
+    "ReduceMax": (torch.amax, {}, (1, 11, 12, 13), (18, 20)),
+    "ReduceMin": (torch.amin, {}, (1, 11, 12, 13), (18, 20)),
+}
 
 
-@converter("ReduceMean", versions=(18,))
-def reduce_mean_input(ctx: NodeContext) -> Any:
-    return _reduce(ctx, ctx.constant_ints(1, "axes"), torch.mean)
+def _register_reduction(op_type: str, target: Any, options: dict[str, Any], attribute: tuple, inputs: tuple) -> None:
+    """Two converters per table entry: axes from the attribute, and axes from input 1 (a constant)."""
+
+    @converter(op_type, versions=attribute)
+    def from_attribute(ctx: NodeContext) -> Any:
+        return _reduce(ctx, ctx.attr("axes"), target, **options)
+
+    @converter(op_type, versions=inputs)
+    def from_input(ctx: NodeContext) -> Any:
+        return _reduce(ctx, ctx.constant_ints(1, "axes"), target, **options)
+
+    from_attribute.__name__ = from_attribute.__qualname__ = f"{op_type.lower()}_attribute"
+    from_input.__name__ = from_input.__qualname__ = f"{op_type.lower()}_input"
 
 
-@converter("ReduceL2", versions=(1, 11, 13))
-def reduce_l2_attribute(ctx: NodeContext) -> Any:
-    return _reduce(ctx, ctx.attr("axes"), torch.linalg.vector_norm, ord=2)
-
-
-@converter("ReduceL2", versions=(18,))
-def reduce_l2_input(ctx: NodeContext) -> Any:
-    """The L2 norm over axes given as an input: the dynamo exporter's weight norm (wav2vec 2.0's positional conv)."""
-    return _reduce(ctx, ctx.constant_ints(1, "axes"), torch.linalg.vector_norm, ord=2)
-
-
-@converter("ReduceSum", versions=(1, 11))
-def reduce_sum_attribute(ctx: NodeContext) -> Any:
-    return _reduce(ctx, ctx.attr("axes"), torch.sum)
-
-
-@converter("ReduceSum", versions=(13,))
-def reduce_sum_input(ctx: NodeContext) -> Any:
-    """A sum over axes given as an input: ResNeSt's and SKNet's split attention sum their branches."""
-    return _reduce(ctx, ctx.constant_ints(1, "axes"), torch.sum)
-
-
-@converter("ReduceMax", versions=(1, 11, 12, 13))
-def reduce_max_attribute(ctx: NodeContext) -> Any:
-    return _reduce(ctx, ctx.attr("axes"), torch.amax)
-
-
-@converter("ReduceMax", versions=(18, 20))
-def reduce_max_input(ctx: NodeContext) -> Any:
-    return _reduce(ctx, ctx.constant_ints(1, "axes"), torch.amax)
-
-
-@converter("ReduceMin", versions=(1, 11, 12, 13))
-def reduce_min_attribute(ctx: NodeContext) -> Any:
-    return _reduce(ctx, ctx.attr("axes"), torch.amin)
-
-
-@converter("ReduceMin", versions=(18, 20))
-def reduce_min_input(ctx: NodeContext) -> Any:
-    return _reduce(ctx, ctx.constant_ints(1, "axes"), torch.amin)
+for _op, (_target, _options, _attribute, _inputs) in _REDUCTIONS.items():
+    _register_reduction(_op, _target, _options, _attribute, _inputs)
 
 
 @converter("InstanceNormalization", versions=(6, 22))
