@@ -55,6 +55,7 @@ from .conv_boxes import (
     tap_shift_refusal,
 )
 from .conv_choice import ConvKernel, channel_block, conv_kernel, flat_k_width, reduction_order
+from .conv_halo import halo_enabled, halo_route, prepare_halo
 from .depthwise import depthwise_candidates, prepare_depthwise
 from .direct_conv import direct_candidates, prepare_direct
 from .epilogue import NO_EPILOGUE, Epilogue
@@ -707,7 +708,7 @@ def conv2d_act_plan(
         tensor_meta(x), tensor_meta(weight.data), weight.out_channels, weight.in_channels, weight.kernel_size,
         weight.groups, weight.precision, tensor_meta(bias), tensor_meta(residual), tensor_meta(out), stride,
         padding, dilation, epilogue, interpret, path, tile, tensor_meta(input_scale), tensor_meta(cat_with),
-        upsample, tensor_meta(input_affine), input_act, tensor_meta(pool),
+        upsample, tensor_meta(input_affine), input_act, tensor_meta(pool), halo_enabled(),
     )  # fmt: skip
     build = lambda: _plan_conv(
         x, weight, bias, stride, padding, dilation, epilogue, residual, out, interpret, path, tile, input_scale,
@@ -816,6 +817,11 @@ def _plan_conv(
         kernel = ConvKernel.IMPLICIT_GEMM  # its gather reads the two sources; the 1x1 GEMM's rows cannot
     as_input = as_residual = as_output = lambda t: t
     precision = weight.precision
+    # the halo kernel (conv_halo.py) takes plain 3x3 convs where it was measured faster; what it cannot fuse
+    # (a virtual concatenation, an input scale or affine, a pool) and forced paths or tiles stay on the others
+    plain = cat_with is None and scale2 is None and pool is None and path == "auto" and tile is None
+    plain = plain and not interpret and kernel.tensor_cores and kernel != ConvKernel.GEMM_1X1
+    halo = halo_route(x, weight, res4, out_nhwc, stride, padding, dilation) if plain else None
     if kernel == ConvKernel.DEPTHWISE:
         run = prepare_depthwise(x, weight.data, (kh, kw), bias32, epilogue, res4, out_nhwc, stride, padding,
                                 dilation, interpret, precision.value, tile, scale2, affine_act, pool)  # fmt: skip
@@ -829,6 +835,8 @@ def _plan_conv(
         res3 = None if res4 is None else as_residual(res4)
         run = prepare_gemm(op, as_input(x), weight.data, c_out, precision, bias32, epilogue, res3,
                            as_output(out_nhwc), interpret, path, tile, scale2, affine_act)  # fmt: skip
+    elif halo is not None:
+        run = prepare_halo(weight, bias32, epilogue, halo, dtype)
     else:
         virtual = None if cat_with is None else (cat_with, upsample)
         run = prepare_implicit_gemm(op, x, weight, bias32, epilogue, res4, out_nhwc, stride, padding, dilation,

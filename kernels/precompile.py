@@ -284,6 +284,12 @@ def _resolve(kernel: str) -> Any:
 
 
 def _source(variant: Variant, function: Any) -> Any:
+    """The compile source the JIT itself builds for ``function``: a Gluon kernel's (conv_halo.py) is a
+    GluonASTSource, whose IR and cache key differ from a Triton kernel's."""
+    if function.is_gluon():
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        return GluonASTSource(function, variant.signature, variant.constants, variant.attrs)
     from triton.compiler import ASTSource
 
     return ASTSource(function, variant.signature, variant.constants, variant.attrs)

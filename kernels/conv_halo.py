@@ -1,0 +1,412 @@
+"""A 3x3 conv whose tile reads its input once per channel block, as three column-shifted halos, in Gluon
+(kernels/NOTES.md version 23).
+
+Why: the shipped implicit GEMM's box tiles (conv_boxes.py) load one activation box per filter tap, nine per
+channel block, and on YOLOv8n's 64->64 3x3 @80 at batch 32 that traffic (with the tap's weights, through L2) is
+what NOTES versions 20-22 could not cut in Triton: a shared-memory tile cannot be read at a shifted offset there.
+Here a tile of ``BH x BW`` output pixels loads, per channel block, the three boxes of ``BH + 2`` input rows by
+``BW`` columns that start one column left of, at and right of the tile (``kw`` = 0, 1, 2). Tap ``(kh, kw)``'s
+activation operand is then rows ``kh .. kh + BH`` of box ``kw``: ``BH * BW`` consecutive pixels of shared memory,
+fed to wgmma from there. The boxes sit one after another in one allocation, ``BH + 2`` rows each, so a tap's
+operand starts a whole number of image rows in; with ``BW * BLOCK_K`` elements a multiple of 1024 bytes that
+offset is a multiple of the 128-byte swizzle's 1024-byte pattern, which keeps each view a plain NVMMA operand.
+Per 128-pixel tile and 64-channel block that is 3 x 10 x 16 pixels read (60 KiB in fp16) instead of 9 x 128
+(144 KiB). The weights stream through ``W_BUFS`` shared-memory buffers, one tap per buffer, refilled as soon as
+the wgmma reading them has retired; wgmma runs asynchronously one step behind the loads.
+
+TMA boxes must have power-of-two sides, so each column-shifted box is two copies: ``BH`` rows and 2 rows. The
+descriptor's zero fill past the image's edges is the padding, and its clipping of the output box makes partial
+tiles at the right and bottom edges safe.
+
+Scope: a 3x3 filter at stride 1 with padding 1, one group, dense channels_last input and output of one dtype
+(fp16, bf16, or float32 computed in TF32), ``C_in`` and ``C_out`` such that a pixel row is a multiple of 16
+bytes; the implicit GEMM's fused epilogue (bias, activation, a dense residual, scale, TF32-rounded stores).
+:func:`halo_refusal` says what is refused, :func:`halo_tile` where conv2d_act routes to it (where it was measured
+faster), :func:`triton_refusal` which Tritons compile it.
+Gluon compiles for the GPU only: no interpreter runs it; tests/kernels/test_kernels_halo.py compiles it for
+sm_90 on the CPU and checks it against float64 on the GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import _unwrap_if_constexpr, builtin
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.runtime.jit import constexpr_function
+
+from .epilogue import NO_EPILOGUE, Epilogue, apply_epilogue, round_tf32_tile
+from .packing import PackedConvWeight
+from .precision import Precision
+
+# triton 3.9 renamed the TMA copies (3.6: async_copy_global_to_shared / async_copy_shared_to_global)
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+SWIZZLE_BYTES = 128  # a pixel's channel block is one 128-byte swizzled row: 64 fp16 or 32 float32 channels
+
+
+@constexpr_function
+def _mma_layout(block_m, block_n, num_warps, operand_bits):
+    """The wgmma accumulator layout of a ``[block_m, block_n]`` tile: warps stacked along M first; the
+    instruction's K is 32 bytes of the operand."""
+    warps_m = min(num_warps, block_m // 16)
+    warps_n = num_warps // warps_m
+    n = block_n // warps_n
+    return gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[warps_m, warps_n], instr_shape=[16, min(n, 256), 256 // operand_bits]
+    )
+
+
+@builtin
+def _view(desc, dtype, shape, layout, _semantic=None):
+    """``desc``'s memory seen as ``shape`` in ``layout``, from its first element (triton 3.6 names the method
+    ``_reinterpret``, 3.9 ``reinterpret``; both lower to the same op)."""
+    shape = [_unwrap_if_constexpr(s) for s in shape]
+    return _semantic.memdesc_reinterpret(desc, _unwrap_if_constexpr(dtype), shape, _unwrap_if_constexpr(layout))
+
+
+@gluon.jit
+def _load_halo(x_top, x_bottom, halo_rows, bar, image, ih0, iw0, c0, BH: gl.constexpr):
+    """The three column-shifted ``(BH + 2) x BW`` boxes of channel block ``c0`` whose top-left input pixel is
+    ``(ih0, iw0 + kw)``, into image rows ``kw * (BH + 2)`` on of ``halo_rows`` (``[rows, BW, BLOCK_K]``),
+    completing on ``bar``. A subslice must start at a multiple of its length, so each destination is the view
+    that starts at its first row, reinterpreted as the descriptor's box."""
+    mbarrier.expect(bar, 3 * (x_top.block_type.nbytes + x_bottom.block_type.nbytes))
+    for kw in gl.static_range(3):
+        top = _view(halo_rows.index(kw * (BH + 2)), x_top.dtype, x_top.block_type.shape, x_top.layout)
+        _tma_load(x_top, [image, ih0, iw0 + kw, c0], bar, top)
+        bottom = _view(halo_rows.index(kw * (BH + 2) + BH), x_bottom.dtype, x_bottom.block_type.shape, x_bottom.layout)
+        _tma_load(x_bottom, [image, ih0 + BH, iw0 + kw, c0], bar, bottom)
+
+
+@gluon.jit
+def _load_tap_weight(w_desc, w_bufs, w_bars, step, C_IN, n0, C_BLOCKS, W_BUFS: gl.constexpr, BLOCK_K: gl.constexpr):
+    """Reduction step ``step``'s weight tile (tap ``step % 9`` of channel block ``step // 9``) into buffer
+    ``step % W_BUFS``. The packed weight's column of (tap, channel) is ``tap * C_in + channel``."""
+    block = step // 9
+    tap = step - block * 9
+    buf = step % W_BUFS
+    bar = w_bars.index(buf)
+    mbarrier.expect(bar, w_desc.block_type.nbytes)
+    _tma_load(w_desc, [n0, tap * C_IN + block * BLOCK_K], bar, w_bufs.index(buf))
+
+
+@gluon.jit(do_not_specialize=["C_IN", "tiles_h", "tiles_w"])
+def _conv3x3_halo_kernel(
+    # tensor descriptors: x_top / x_bottom the input [N, H, W, C_in] in boxes of BH and 2 rows by BW pixels by
+    # BLOCK_K channels; w_desc the packed weight [C_out, 9 * C_in] in [BLOCK_N, BLOCK_K] tiles; out_desc the output
+    # [N, OH, OW, C_out] in [1, BH, BW, BLOCK_N] boxes, res_desc the residual likewise (out_desc when there is
+    # none). bias_ptr: float32 [C_out]
+    x_top,
+    x_bottom,
+    w_desc,
+    out_desc,
+    res_desc,
+    bias_ptr,
+    # sizes
+    C_IN,
+    C_OUT,
+    tiles_h,
+    tiles_w,
+    alpha,
+    scale,
+    # constexprs: the epilogue's, as the implicit GEMM's (epilogue.py), then the tile's
+    HAS_BIAS: gl.constexpr,
+    ACT: gl.constexpr,
+    RESIDUAL: gl.constexpr,
+    HAS_SCALE: gl.constexpr,
+    ROUND_TF32: gl.constexpr,
+    BH: gl.constexpr,
+    BW: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    BLOCK_K: gl.constexpr,
+    HALO_ROWS: gl.constexpr,
+    W_BUFS: gl.constexpr,
+    num_warps: gl.constexpr,
+):
+    BLOCK_M: gl.constexpr = BH * BW
+    dtype: gl.constexpr = x_top.dtype
+    pid = gl.program_id(0)
+    pid_n = gl.program_id(1)
+    tw = pid % tiles_w
+    th = (pid // tiles_w) % tiles_h
+    image = pid // (tiles_w * tiles_h)
+    oh0 = th * BH
+    ow0 = tw * BW
+    n0 = pid_n * BLOCK_N
+
+    halo4 = gl.allocate_shared_memory(dtype, [1, HALO_ROWS, BW, BLOCK_K], x_top.layout)
+    a_layout: gl.constexpr = gl.NVMMASharedLayout(
+        swizzle_byte_width=128, element_bitwidth=dtype.primitive_bitwidth, rank=2
+    )
+    halo_rows = _view(halo4, dtype, [HALO_ROWS, BW, BLOCK_K], a_layout)
+    w_bufs = gl.allocate_shared_memory(dtype, [W_BUFS, BLOCK_N, BLOCK_K], w_desc.layout)
+    w_bars = gl.allocate_shared_memory(gl.int64, [W_BUFS, 1], mbarrier.MBarrierLayout())
+    halo_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(W_BUFS):
+        mbarrier.init(w_bars.index(i), count=1)
+    mbarrier.init(halo_bar, count=1)
+
+    c_blocks = gl.cdiv(C_IN, BLOCK_K)
+    steps = 9 * c_blocks
+    _load_halo(x_top, x_bottom, halo_rows, halo_bar, image, oh0 - 1, ow0 - 1, 0, BH)
+    for s in gl.static_range(W_BUFS):
+        if s < steps:
+            _load_tap_weight(w_desc, w_bufs, w_bars, s, C_IN, n0, c_blocks, W_BUFS, BLOCK_K)
+
+    mma_layout: gl.constexpr = _mma_layout(BLOCK_M, BLOCK_N, num_warps, dtype.primitive_bitwidth)
+    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
+    for block in range(c_blocks):
+        mbarrier.wait(halo_bar, block & 1)
+        for tap in gl.static_range(9):
+            step = block * 9 + tap
+            buf = step % W_BUFS
+            mbarrier.wait(w_bars.index(buf), (step // W_BUFS) & 1)
+            # rows kh .. kh + BH of box kw: a subslice must start at a multiple of its own length, so the operand is
+            # the view of BLOCK_M pixels that starts at image row kh of box kw
+            row0 = halo_rows.index((tap % 3) * (BH + 2) + tap // 3)
+            a = _view(row0, dtype, [BLOCK_M, BLOCK_K], a_layout)
+            acc = warpgroup_mma(a, w_bufs.index(buf).permute((1, 0)), acc, is_async=True)
+            # the previous step's wgmma has retired: its weight buffer takes the step W_BUFS after it
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            refill = step - 1 + W_BUFS
+            if step > 0 and refill < steps:
+                _load_tap_weight(w_desc, w_bufs, w_bars, refill, C_IN, n0, c_blocks, W_BUFS, BLOCK_K)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        if block + 1 < c_blocks:  # the halo is free once the block's last wgmma has retired
+            _load_halo(x_top, x_bottom, halo_rows, halo_bar, image, oh0 - 1, ow0 - 1, (block + 1) * BLOCK_K, BH)
+
+    for i in gl.static_range(W_BUFS):
+        mbarrier.invalidate(w_bars.index(i))
+    mbarrier.invalidate(halo_bar)
+
+    out4 = gl.allocate_shared_memory(dtype, [1, BH, BW, BLOCK_N], out_desc.layout)
+    out2 = out4.reshape([BLOCK_M, BLOCK_N])
+    if RESIDUAL != 0:  # the residual's box arrives in the output's buffer, which is free until the store
+        res_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(res_bar, count=1)
+        mbarrier.expect(res_bar, res_desc.block_type.nbytes)
+        _tma_load(res_desc, [image, oh0, ow0, n0], res_bar, out4)
+        mbarrier.wait(res_bar, 0)
+        mbarrier.invalidate(res_bar)
+        residual = out2.load(mma_layout).to(gl.float32)
+        gl.thread_barrier()  # every warp has read the residual before any overwrites it with the output
+    else:
+        residual = 0.0
+    channels = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))
+    if HAS_BIAS:  # noqa: SIM108  (a constexpr branch: only one side is compiled)
+        bias = gl.load(bias_ptr + channels, mask=channels < C_OUT, other=0.0)[None, :]
+    else:
+        bias = 0.0
+    y = apply_epilogue(acc, bias, residual, alpha, scale, ACT, RESIDUAL, HAS_SCALE)
+    if ROUND_TF32:
+        y = round_tf32_tile(y)
+    out2.store(y.to(dtype))
+    fence_async_shared()
+    _tma_store(out_desc, [image, oh0, ow0, n0], out4)
+    tma.store_wait(pendings=0)
+
+
+def triton_refusal() -> str | None:
+    """Why the installed Triton cannot compile the kernel, or None. Written for triton 3.6 (the GPU machine's):
+    triton 3.9 rejects a reinterpreted view larger than the view it starts from ("result shared-memory footprint
+    exceeds the source view"), which is how a tap's operand starts a non-aligned number of rows into the halo;
+    tests/kernels/test_kernels_halo.py checks both sides, so a Triton that lifts this shows up there."""
+    if triton.__version__.startswith("3.6."):
+        return None
+    return f"triton {triton.__version__} (the kernel's shifted shared-memory views compile on triton 3.6 only)"
+
+
+@dataclass(frozen=True)
+class HaloTile:
+    """A launch configuration: ``box`` the tile's output rows and columns (``BH * BW`` of 64 or 128 pixels, powers
+    of two, ``BW`` at least 8); ``block_n`` the output channels per tile (None: all of them, rounded up to a power
+    of two, at most 128); ``weight_buffers`` the taps in flight; ``num_warps`` 4 or 8."""
+
+    box: tuple[int, int] = (8, 16)
+    block_n: int | None = None
+    weight_buffers: int = 4
+    num_warps: int = 4
+
+    def __post_init__(self) -> None:
+        bh, bw = self.box
+        if bh * bw not in (64, 128) or bw < 8 or bh & (bh - 1) or bw & (bw - 1):
+            raise ValueError(f"HaloTile: box {self.box} must be powers of two with 64 or 128 pixels, at least 8 wide")
+
+
+# The routing rule's evidence (results/halo-conv-2026-12-04.json, batch 32, against the shipped implicit GEMM's
+# default in the same run): 64->64 @80 fp16 49.6 us against 61.8, tf32 79.7 against 111.3; 64->80 @80 fp16 83.9
+# against 96.6, tf32 141.4 against 211.3. Where C_in leaves a channel block part empty (the head's 80->80) or the
+# boxes overhang the image (@40, @20) or the grid is short, it lost or tied. Beyond these: not offered.
+HALO_MIN_TILES = 1024
+
+
+HALO_ENV = "FUSER_HALO"  # "0": never route to the halo kernel (benchmarks compare against the implicit GEMM)
+
+
+def halo_enabled() -> bool:
+    """False where ``FUSER_HALO=0`` turns the route off (read per plan: conv2d_act's plan key holds it)."""
+    return os.environ.get(HALO_ENV, "1") != "0"
+
+
+def halo_route(
+    x: torch.Tensor,
+    weight: PackedConvWeight,
+    residual: torch.Tensor | None,
+    out_nhwc: torch.Tensor,
+    stride: tuple[int, int],
+    padding: tuple[int, int, int, int],
+    dilation: tuple[int, int],
+) -> HaloTile | None:
+    """The tile conv2d_act runs this call's plan with on the halo kernel, or None for the implicit GEMM: a CUDA
+    call of a 3x3 conv at stride 1 with padding 1 that :func:`halo_refusal` and :func:`triton_refusal` accept and
+    :func:`halo_tile` picks, unless ``FUSER_HALO=0``."""
+    if not halo_enabled() or x.device.type != "cuda":
+        return None
+    if stride != (1, 1) or padding != (1, 1, 1, 1) or dilation != (1, 1):
+        return None
+    if halo_refusal(x, weight, residual, out_nhwc) is not None or triton_refusal() is not None:
+        return None
+    n, c_in, h, w = x.shape
+    return halo_tile(n, c_in, weight.out_channels, h, w, x.element_size())
+
+
+def halo_tile(n: int, c_in: int, c_out: int, oh: int, ow: int, element_size: int) -> HaloTile | None:
+    """The tile :func:`prepare_halo` runs a stride-1, padding-1 3x3 conv with where the halo kernel was measured
+    faster than the implicit GEMM, else None: whole channel blocks (``C_in`` a multiple of 128 bytes of
+    channels), at most 128 output channels (one column of tiles), 8 x 16 boxes that tile the output exactly, and
+    at least HALO_MIN_TILES of them. 64 output channels or fewer: four weight buffers on 8 warps; more: two
+    buffers on 4 warps, which keeps two programs per SM (96 KiB each)."""
+    block_k = SWIZZLE_BYTES // element_size
+    if c_in % block_k or c_out > 128 or oh % 8 or ow % 16 or n * (oh // 8) * (ow // 16) < HALO_MIN_TILES:
+        return None
+    if c_out <= 64:
+        return HaloTile((8, 16), None, 4, 8)
+    return HaloTile((8, 16), None, 2, 4)
+
+
+def halo_refusal(
+    x: torch.Tensor,
+    weight: PackedConvWeight,
+    residual: torch.Tensor | None = None,
+    out_nhwc: torch.Tensor | None = None,
+) -> str | None:
+    """Why the halo kernel cannot run this conv, or None (see the module docstring's scope). ``residual``
+    ``[N, C_out, OH, OW]`` and ``out_nhwc`` ``[N, OH, OW, C_out]``, when given, are checked too."""
+    _, c_in, h, w = x.shape
+    c_out = weight.out_channels
+    size = x.element_size()
+    if weight.kernel_size != (3, 3) or weight.groups != 1:
+        return f"a {weight.kernel_size} filter in {weight.groups} groups (a 3x3 ungrouped conv only)"
+    if x.dtype != weight.data.dtype or x.dtype not in _GL_DTYPES:
+        return f"a {x.dtype} input to {weight.data.dtype} weights (fp16, bf16 or float32 operands of one dtype)"
+    if weight.precision not in (Precision.FP16, Precision.BF16, Precision.TF32):
+        return f"the {weight.precision.value} precision (wgmma runs float32 operands in TF32 only)"
+    if c_in != weight.in_channels or (c_in * size) % 16 or (c_out * size) % 16:
+        return f"{c_in} input / {c_out} output channels (a pixel row of each a multiple of 16 bytes)"
+    if weight.data.stride(0) * weight.data.element_size() % 16 or weight.data.stride(1) != 1:
+        return f"a packed weight with strides {weight.data.stride()} (rows 16-byte aligned, columns contiguous)"
+    if x.stride() != (h * w * c_in, 1, w * c_in, c_in) or x.data_ptr() % 16:
+        return f"an input with strides {x.stride()} (a dense channels_last input, 16-byte aligned)"
+    if residual is not None and (residual.stride() != (h * w * c_out, 1, w * c_out, c_out) or residual.data_ptr() % 16):
+        return f"a residual with strides {residual.stride()} (a dense channels_last tensor of the output's shape)"
+    if out_nhwc is not None and (out_nhwc.stride(2) * size % 16 or out_nhwc.stride(3) != 1 or out_nhwc.data_ptr() % 16):
+        return f"an output with strides {out_nhwc.stride()} (pixel rows 16-byte aligned, channels contiguous)"
+    return None
+
+
+_GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}
+
+
+def prepare_halo(
+    weight: PackedConvWeight, bias: torch.Tensor | None, epilogue: Epilogue, tile: HaloTile, dtype: torch.dtype
+) -> Callable[..., None]:
+    """The launch of one conv's calls: ``run(x, w, bias, residual, out_nhwc)`` with ``x`` ``[N, C_in, H, W]``
+    channels_last, ``w`` the packed weight's data, ``residual`` ``[N, C_out, H, W]`` channels_last (or None) and
+    ``out_nhwc`` the output's ``[N, H, W, C_out]`` view, all as :func:`halo_refusal` accepted for the example call.
+    The layouts and constexprs are fixed here; each call builds its tensor descriptors (their base addresses)."""
+    bh, bw = tile.box
+    bits = 8 * torch.empty((), dtype=dtype).element_size()
+    block_k = SWIZZLE_BYTES * 8 // bits
+    c_in, c_out = weight.in_channels, weight.out_channels
+    block_n = tile.block_n or min(128, max(16, triton.next_power_of_2(c_out)))
+    act_layout = gl.NVMMASharedLayout(swizzle_byte_width=SWIZZLE_BYTES, element_bitwidth=bits, rank=4)
+    w_layout = gl.NVMMASharedLayout(swizzle_byte_width=SWIZZLE_BYTES, element_bitwidth=bits, rank=2)
+    # unswizzled: a swizzled TMA box's rows are at most 128 bytes, and block_n float32 channels are up to 512
+    out_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=4)
+    constexprs = dict(
+        HAS_BIAS=bias is not None, ACT=int(epilogue.act), RESIDUAL=int(epilogue.residual),
+        HAS_SCALE=epilogue.scale != 1.0, ROUND_TF32=epilogue.round_tf32, BH=bh, BW=bw, BLOCK_N=block_n,
+        BLOCK_K=block_k, HALO_ROWS=triton.next_power_of_2(3 * (bh + 2)), W_BUFS=tile.weight_buffers,
+        num_warps=tile.num_warps,
+    )  # fmt: skip
+    alpha, scale = float(epilogue.alpha), float(epilogue.scale)
+
+    def run(x: torch.Tensor, w: torch.Tensor, bias: Any, residual: Any, out_nhwc: torch.Tensor) -> None:
+        n, _, h, wd = x.shape
+        x_nhwc = x.permute(0, 2, 3, 1)
+        out_desc = TensorDescriptor.from_tensor(out_nhwc, [1, bh, bw, block_n], out_layout)
+        res_desc = out_desc
+        if residual is not None:
+            res_desc = TensorDescriptor.from_tensor(residual.permute(0, 2, 3, 1), [1, bh, bw, block_n], out_layout)
+        tiles_h, tiles_w = triton.cdiv(h, bh), triton.cdiv(wd, bw)
+        _conv3x3_halo_kernel[(n * tiles_h * tiles_w, triton.cdiv(c_out, block_n))](
+            TensorDescriptor.from_tensor(x_nhwc, [1, bh, bw, block_k], act_layout),
+            TensorDescriptor.from_tensor(x_nhwc, [1, 2, bw, block_k], act_layout),
+            TensorDescriptor.from_tensor(w, [block_n, block_k], w_layout),
+            out_desc, res_desc, bias if bias is not None else out_nhwc,
+            c_in, c_out, tiles_h, tiles_w, alpha, scale, **constexprs,
+        )  # fmt: skip
+
+    return run
+
+
+def conv3x3_halo(
+    x: torch.Tensor,
+    weight: PackedConvWeight,
+    bias: torch.Tensor | None = None,
+    epilogue: Epilogue = NO_EPILOGUE,
+    residual: torch.Tensor | None = None,
+    *,
+    tile: HaloTile = HaloTile(),
+) -> torch.Tensor:
+    """``epilogue(conv3x3(x, weight, padding=1) + bias [, residual])`` as one launch of the halo kernel, into a new
+    channels_last tensor of ``x``'s dtype: what conv2d_act routes to where :func:`halo_tile` says, callable
+    directly with any tile (tests, benchmarks/halo_conv.py). ``bias`` float32 ``[C_out]``. Raises ValueError
+    naming what :func:`halo_refusal` or :func:`triton_refusal` refuses."""
+    if epilogue.residual and residual is None:
+        raise ValueError(f"conv3x3_halo: the epilogue ({epilogue.describe()}) adds a residual but none was given")
+    why = halo_refusal(x, weight, residual) or triton_refusal()
+    if why is not None:
+        raise ValueError(f"conv3x3_halo: cannot run {why}")
+    n, _, h, w = x.shape
+    out = torch.empty((n, weight.out_channels, h, w), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    if out.numel():
+        prepare_halo(weight, bias, epilogue, tile, x.dtype)(x, weight.data, bias, residual, out.permute(0, 2, 3, 1))
+    return out
+
+
+__all__ = [
+    "HaloTile",
+    "conv3x3_halo",
+    "halo_enabled",
+    "halo_refusal",
+    "halo_route",
+    "halo_tile",
+    "prepare_halo",
+    "triton_refusal",
+]
