@@ -248,11 +248,16 @@ class HaloTile:
             raise ValueError(f"HaloTile: box {self.box} must be powers of two with 64 or 128 pixels, at least 8 wide")
 
 
-# The routing rule's evidence (results/halo-conv-2026-12-04.json, batch 32, against the shipped implicit GEMM's
-# default in the same run): 64->64 @80 fp16 49.6 us against 61.8, tf32 79.7 against 111.3; 64->80 @80 fp16 83.9
-# against 96.6, tf32 141.4 against 211.3. Where C_in leaves a channel block part empty (the head's 80->80) or the
-# boxes overhang the image (@40, @20) or the grid is short, it lost or tied. Beyond these: not offered.
-HALO_MIN_TILES = 1024
+# The routing rule's evidence (results/halo-conv-2026-12-04b.json, batch 32, against the implicit GEMM in the same
+# run, best halo tile): YOLOv8n's 64->64 @80 fp16 49.7 us against 62.2, tf32 80.1 against 111.4; its head's 64->80
+# @80 fp16 83.4 against 95.9, tf32 141.8 against 207.8; 32->32 @80 tf32 40.1 against 61.7; ResNet-50's 64->64 @56
+# (boxes overhanging the image by 8 of 64 columns, 896 tiles) fp16 28.1 against 34.9, tf32 46.1 against 60.6. It lost
+# or tied where C_in leaves a channel block mostly empty (the head's 80->80; 32->32 in fp16, 16->16) and where the
+# boxes overhang more (the head at 40 and 20). Beyond what was measured (more than two channel blocks, fewer tiles,
+# more overhang) the implicit GEMM keeps the conv.
+HALO_MIN_TILES = 896
+HALO_MAX_BLOCKS = 2  # channel blocks of 128 bytes: 64 float32 channels were two and won
+HALO_MAX_OVERHANG = 1.15  # output pixels the boxes cover over the image's: ResNet's 56x56 in 8 x 16 boxes, 1.14
 
 
 HALO_ENV = "FUSER_HALO"  # "0": never route to the halo kernel (benchmarks compare against the implicit GEMM)
@@ -287,12 +292,15 @@ def halo_route(
 
 def halo_tile(n: int, c_in: int, c_out: int, oh: int, ow: int, element_size: int) -> HaloTile | None:
     """The tile :func:`prepare_halo` runs a stride-1, padding-1 3x3 conv with where the halo kernel was measured
-    faster than the implicit GEMM, else None: whole channel blocks (``C_in`` a multiple of 128 bytes of
-    channels), at most 128 output channels (one column of tiles), 8 x 16 boxes that tile the output exactly, and
-    at least HALO_MIN_TILES of them. 64 output channels or fewer: four weight buffers on 8 warps; more: two
-    buffers on 4 warps, which keeps two programs per SM (96 KiB each)."""
+    faster than the implicit GEMM, else None: one or two whole channel blocks (``C_in`` 128 or 256 bytes of
+    channels), at most 128 output channels (one column of tiles), 8 x 16 boxes that cover the output with at most
+    HALO_MAX_OVERHANG, and at least HALO_MIN_TILES of them. 64 output channels or fewer: four weight buffers on 8
+    warps; more: two buffers on 4 warps, which keeps two programs per SM (96 KiB each)."""
     block_k = SWIZZLE_BYTES // element_size
-    if c_in % block_k or c_out > 128 or oh % 8 or ow % 16 or n * (oh // 8) * (ow // 16) < HALO_MIN_TILES:
+    if c_in % block_k or c_in > HALO_MAX_BLOCKS * block_k or c_out > 128:
+        return None
+    rows, cols = -(-oh // 8), -(-ow // 16)
+    if n * rows * cols < HALO_MIN_TILES or rows * 8 * cols * 16 > HALO_MAX_OVERHANG * oh * ow:
         return None
     if c_out <= 64:
         return HaloTile((8, 16), None, 4, 8)

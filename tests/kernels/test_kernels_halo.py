@@ -99,10 +99,13 @@ def test_refusals_name_the_problem() -> None:
 @pytest.mark.parametrize(
     ("shape", "expected"),
     [((32, 64, 64, 80, 80, 2), HaloTile((8, 16), None, 4, 8)), ((32, 64, 80, 80, 80, 4), HaloTile((8, 16), None, 2, 4)),
-     ((32, 80, 80, 80, 80, 2), None), ((32, 64, 64, 40, 40, 2), None), ((1, 64, 64, 80, 80, 2), None),
-     ((32, 64, 192, 80, 80, 2), None), ((32, 32, 32, 80, 80, 4), HaloTile((8, 16), None, 4, 8))],
-    ids=["yolo64-fp16", "head64to80-tf32", "head80-part-block", "boxes-overhang", "batch1-short-grid", "wide-cout",
-         "c32-tf32-whole-block"],
+     ((32, 64, 64, 56, 56, 2), HaloTile((8, 16), None, 4, 8)), ((32, 32, 32, 80, 80, 4), HaloTile((8, 16), None, 4, 8)),
+     ((32, 80, 80, 80, 80, 2), None), ((32, 32, 32, 80, 80, 2), None), ((32, 128, 64, 80, 80, 4), None),
+     ((32, 64, 64, 40, 40, 2), None), ((1, 64, 64, 80, 80, 2), None), ((28, 64, 64, 56, 56, 2), None),
+     ((32, 64, 192, 80, 80, 2), None)],
+    ids=["yolo64-fp16", "head64to80-tf32", "resnet56-overhang-8-columns", "c32-tf32-one-block", "head80-part-block",
+         "c32-fp16-half-block", "three-tf32-blocks", "boxes-overhang-more", "batch1-short-grid", "resnet56-short-grid",
+         "wide-cout"],
 )  # fmt: skip
 def test_the_route_takes_only_the_measured_wins(shape: tuple, expected: HaloTile | None) -> None:
     assert halo_tile(*shape) == expected
