@@ -16,6 +16,9 @@
 # 6. resident: the resident-weight 3x3 kernel (kernels/conv_resident.py) against float64 on every measured config,
 #    then timed against the shipped kernel and cuDNN on YOLOv8n's 64->64 @80 (benchmarks/resident_weights.py; not
 #    in the default STAGES).
+# 7. halo: the Gluon halo 3x3 kernel (kernels/conv_halo.py) against float64 (its GPU tests), then timed against the
+#    implicit GEMM, conv2d_act's route and cuDNN (benchmarks/halo_conv.py; results/halo-conv-2026-12-04b.json came
+#    from this; not in the default STAGES).
 # STAGES picks stages (default "tests sweep table models"); TEST_K the tests (a pytest -k expression); TESTS_S,
 # SWEEP_S, MODELS_S, LAYERS_S their limits (defaults 240, 150, 100 and 320 s).
 set -uo pipefail
@@ -36,4 +39,7 @@ want layers && layers_stage "${LAYERS_S:-320}"
 want resident && stage resident-tests 120 python3 -m pytest tests/kernels/test_kernels_resident.py -m gpu -q \
     -p no:cacheprovider
 want resident && stage resident 120 python3 -m benchmarks.resident_weights --out "$OUT/resident"
+want halo && stage halo-tests 150 python3 -m pytest tests/kernels/test_kernels_halo.py -m gpu -q -p no:cacheprovider \
+    -n 8
+want halo && stage halo 170 python3 -m benchmarks.halo_conv --out "$OUT/halo"
 finish_tile_call 30
