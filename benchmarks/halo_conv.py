@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.layers import ConvLayer, bench_all, conv_block, fold_bn
+from benchmarks.layers import ConvLayer, check_then_time, conv_block, fold_bn
 from fuser.kernels.conv_halo import HALO_ENV, HaloTile
 
 LAYERS = {
@@ -89,22 +89,7 @@ def measure(layer: ConvLayer, batch: int, precision: str) -> list[dict]:
     }
     for tile in CONFIGS:
         calls[config_name(tile)] = lambda tile=tile: conv3x3_halo(x, packed, bias, silu, tile=tile)
-    rows, runnable = [], {}
-    for name, call in calls.items():
-        row = {"layer": layer.name, "dtype": precision, "batch": batch, "variant": name}
-        try:
-            with torch.no_grad():
-                row["rel_error"] = float((call().double() - ref).norm() / ref.norm())
-        except Exception as error:  # a config the card or the compiler refuses is a result, not a crash
-            row["error"] = f"{type(error).__name__}: {error}"[:300]
-        else:
-            runnable[name] = call
-        rows.append(row)
-    ms = bench_all(runnable, rounds=3)
-    for row in rows:
-        if row["variant"] in ms:
-            row["ms"] = ms[row["variant"]]
-    return rows
+    return check_then_time(calls, ref, {"layer": layer.name, "dtype": precision, "batch": batch})
 
 
 def table(rows: list[dict]) -> str:

@@ -24,6 +24,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,6 +105,28 @@ def bench_all(fns: dict[str, object], rounds: int = 2) -> dict[str, float]:
         for name, fn in fns.items():
             best[name] = min(best[name], bench_ms(fn))
     return best
+
+
+def check_then_time(calls: dict[str, Callable[[], torch.Tensor]], ref: torch.Tensor, row: dict) -> list[dict]:
+    """One row per variant in ``calls`` (``row``'s fields plus ``variant``): its relative error against the float64
+    ``ref``, or the error it raised (a config the card or the compiler refuses is a result, not a crash); then the
+    variants that ran are timed interleaved (:func:`bench_all`, three rounds) and each row gets its ``ms``."""
+    rows, runnable = [], {}
+    for name, call in calls.items():
+        result = {**row, "variant": name}
+        try:
+            with torch.no_grad():
+                result["rel_error"] = float((call().double() - ref).norm() / ref.norm())
+        except Exception as error:
+            result["error"] = f"{type(error).__name__}: {error}"[:300]
+        else:
+            runnable[name] = call
+        rows.append(result)
+    ms = bench_all(runnable, rounds=3)
+    for result in rows:
+        if result["variant"] in ms:
+            result["ms"] = ms[result["variant"]]
+    return rows
 
 
 def host_us(fn, calls: int = 200) -> float:

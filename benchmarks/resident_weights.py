@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.layers import ConvLayer, bench_all, conv_block, fold_bn
+from benchmarks.layers import ConvLayer, check_then_time, conv_block, fold_bn
 
 LAYERS = {
     layer.name: layer
@@ -63,21 +63,7 @@ def measure(layer: ConvLayer, batch: int) -> list[dict]:
                 x, packed, bias, silu, block_m=block_m, num_warps=warps, num_stages=stages, programs_per_sm=per_sm
             )
         )
-    rows, runnable = [], {}
-    for name, call in calls.items():
-        try:
-            with torch.no_grad():
-                err = float((call().double() - ref).norm() / ref.norm())
-        except Exception as error:  # a config the card refuses (shared memory) is a result, not a crash
-            rows.append({"layer": layer.name, "variant": name, "error": f"{type(error).__name__}: {error}"[:300]})
-            continue
-        runnable[name] = call
-        rows.append({"layer": layer.name, "variant": name, "rel_error": err})
-    ms = bench_all(runnable, rounds=3)
-    for row in rows:
-        if row["variant"] in ms:
-            row["ms"] = ms[row["variant"]]
-    return rows
+    return check_then_time(calls, ref, {"layer": layer.name})
 
 
 def table(rows: list[dict]) -> str:

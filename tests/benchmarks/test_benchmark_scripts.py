@@ -633,3 +633,18 @@ def test_the_flat_k_lists_hold_no_tile_that_ran_out_of_shared_memory() -> None:
         timed = {label for label, measured in row["configs"].items() if "ms" in measured}
         missing = whole_labels(row["batch"]) - timed
         assert not missing, f"b{row['batch']}: listed, never run: {missing}"
+
+
+def test_check_then_time_records_errors_and_times_only_what_ran(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The layer scripts' shared loop (halo_conv, resident_weights): a variant's error against float64, a variant
+    that raises kept as a row with its error and not timed, the others timed."""
+    timed = []
+    monkeypatch.setattr(layers, "bench_ms", lambda fn: timed.append(fn) or 0.25)
+    ref = torch.randn(3, 7, dtype=torch.float64)
+    calls = {"exact": lambda: ref.float(), "off": lambda: ref.float() * 1.01, "refused": lambda: 1 / 0}
+    rows = layers.check_then_time(calls, ref, {"layer": "l", "dtype": "fp16"})
+    by = {r["variant"]: r for r in rows}
+    assert by["exact"]["rel_error"] < 1e-7 and 9e-3 < by["off"]["rel_error"] < 1.1e-2
+    assert by["refused"]["error"].startswith("ZeroDivisionError") and "ms" not in by["refused"]
+    assert by["exact"]["ms"] == by["off"]["ms"] == 0.25 and by["exact"]["layer"] == "l"
+    assert len(timed) == 6  # two variants, three interleaved rounds
