@@ -308,7 +308,9 @@ def _run_pipeline(
             rewrites = fuse_pool_pyramids(graph.gm, backend) + fuse_max_pools(graph.gm, backend)
             rewrites += fuse_channel_means(graph.gm, backend)
             result = find_chains(graph.gm, graph.path)
-            entries = [ChainReport.from_chain(c, True, kernel=_kernel_for(c, graph.gm)) for c in result.accepted]
+            entries = [
+                ChainReport.from_chain(c, True, kernel=_kernel_for(c, graph.gm, backend)) for c in result.accepted
+            ]
             entries += [ChainReport.from_chain(r.chain, False, reason=r.reason) for r in result.rejected]
             rewritten = rewrite_chains(graph.gm, result.accepted, policy, backend) or bool(rewrites)
             if rewritten:
@@ -341,8 +343,9 @@ def _run_pipeline(
     return root, report
 
 
-def _kernel_for(chain: Chain, gm: fx.GraphModule) -> str:
-    """Which Triton kernel the chain runs on a GPU, for the report."""
+def _kernel_for(chain: Chain, gm: fx.GraphModule, backend: str) -> str:
+    """Which Triton kernel the chain runs on a GPU, for the report (the halo conv only where ``backend`` runs
+    compiled kernels: the interpreter never takes its route)."""
     try:
         from fuser.lower import kernel_dispatch
     except ImportError:  # no triton on this machine: the reference runs everywhere
@@ -356,6 +359,7 @@ def _kernel_for(chain: Chain, gm: fx.GraphModule) -> str:
     stride = args["stride"] if isinstance(args["stride"], (tuple, list)) else (args["stride"],) * 2
     return kernel_dispatch.kernel_name(
         "conv",
+        compiled=backend in ("auto", "triton", "measured"),
         in_channels=weight.shape[1] * groups,
         out_channels=weight.shape[0],
         groups=groups,

@@ -30,7 +30,7 @@ sm_90 on the CPU and checks it against float64 on the GPU.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -288,6 +288,21 @@ def halo_route(
         return None
     n, c_in, h, w = x.shape
     return halo_tile(n, c_in, weight.out_channels, h, w, x.element_size())
+
+
+def halo_possible(
+    in_channels: int, out_channels: int, groups: int, kernel_size: Sequence[int], stride: Sequence[int], padding: Any
+) -> bool:
+    """Whether some call of this conv could take the halo route on this machine (for the report, which knows the
+    layer but not the call's batch, image size or dtype): a CUDA GPU, a Triton that compiles the kernel, and a
+    3x3 ungrouped conv at stride 1 with padding 1 whose channels :func:`halo_tile` accepts in fp16 or float32."""
+    if tuple(kernel_size) != (3, 3) or tuple(stride) != (1, 1) or groups != 1 or out_channels > 128:
+        return False
+    if padding not in (1, (1, 1), [1, 1], (1, 1, 1, 1), [1, 1, 1, 1]):
+        return False
+    if not any(halo_tile(HALO_MIN_TILES, in_channels, out_channels, 8, 16, size) for size in (2, 4)):
+        return False
+    return triton_refusal() is None and torch.cuda.is_available()
 
 
 def halo_tile(n: int, c_in: int, c_out: int, oh: int, ow: int, element_size: int) -> HaloTile | None:

@@ -27,16 +27,22 @@ def kernel_name(
     kernel_size: Sequence[int] = (1, 1),
     stride: Sequence[int] = (1, 1),
     padding: int | str | Sequence[int] = 0,
+    compiled: bool = True,
 ) -> str:
     """Which kernel a fused op runs on the Triton backends (for the report): the kernels' own decision
-    (``fuser.kernels.conv_choice``), the one the launcher acts on."""
+    (``fuser.kernels.conv_choice``), the one the launcher acts on, and where the halo conv (conv_halo.py) may take
+    a call instead on this machine, that too (its route depends on the call's batch and image size); ``compiled``
+    False (the interpreter backend) never takes that route."""
     if op == "gemm":
         return "gemm"
     from fuser.kernels.conv_choice import conv_kernel
+    from fuser.kernels.conv_halo import halo_possible
 
     kernel = conv_kernel(in_channels, out_channels, groups, kernel_size, stride, padding)
     if kernel is None:
         return f"torch reference (grouped conv, groups={groups})"
+    if compiled and halo_possible(in_channels, out_channels, groups, kernel_size, stride, padding):
+        return f"{kernel.value}, or the halo conv on large grids"  # conv_halo.halo_tile decides per call
     return kernel.value
 
 

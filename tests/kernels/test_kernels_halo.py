@@ -216,3 +216,22 @@ def test_gpu_conv2d_act_routes_to_the_halo_kernel_into_a_channel_slice(dtype: to
     ref = conv_reference(x, w, b, case, epilogue, residual)
     assert_close(out.cpu(), ref.cpu(), precision, f"routed {precision}")
     assert bool((buf[:, :16] == 7).all()) and bool((buf[:, 80:] == 7).all())
+
+
+def test_the_report_names_the_halo_route_only_where_a_call_could_take_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report knows the layer, not the call: a 3x3/s1/p1 conv whose channels the route accepts is named with
+    "or the halo conv" on a machine that could run it (a GPU, triton 3.6), and only there."""
+    from fuser.kernels import conv_halo
+    from fuser.lower.kernel_dispatch import kernel_name
+
+    conv = {"in_channels": 64, "out_channels": 64, "kernel_size": (3, 3), "stride": (1, 1), "padding": 1}
+    plain = kernel_name("conv", **conv)
+    assert "halo" not in plain or (triton_refusal() is None and torch.cuda.is_available())
+    monkeypatch.setattr(conv_halo, "triton_refusal", lambda: None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert kernel_name("conv", **conv).endswith(", or the halo conv on large grids")
+    assert "halo" not in kernel_name("conv", **{**conv, "stride": (2, 2)})
+    assert "halo" not in kernel_name("conv", **{**conv, "in_channels": 80})  # a block part empty
+    assert "halo" not in kernel_name("conv", **{**conv, "out_channels": 192})
+    assert "halo" not in kernel_name("conv", **{**conv, "padding": 0})
+    assert "halo" not in kernel_name("conv", **conv, compiled=False)  # the interpreter backend
