@@ -94,7 +94,7 @@ def _load_halo(x_top, x_bottom, halo_rows, bar, image, ih0, iw0, c0, BH: gl.cons
 
 
 @gluon.jit
-def _load_tap_weight(w_desc, w_bufs, w_bars, step, C_IN, n0, C_BLOCKS, W_BUFS: gl.constexpr, BLOCK_K: gl.constexpr):
+def _load_tap_weight(w_desc, w_bufs, w_bars, step, C_IN, n0, W_BUFS: gl.constexpr, BLOCK_K: gl.constexpr):
     """Reduction step ``step``'s weight tile (tap ``step % 9`` of channel block ``step // 9``) into buffer
     ``step % W_BUFS``. The packed weight's column of (tap, channel) is ``tap * C_in + channel``."""
     block = step // 9
@@ -166,7 +166,7 @@ def _conv3x3_halo_kernel(
     _load_halo(x_top, x_bottom, halo_rows, halo_bar, image, oh0 - 1, ow0 - 1, 0, BH)
     for s in gl.static_range(W_BUFS):
         if s < steps:
-            _load_tap_weight(w_desc, w_bufs, w_bars, s, C_IN, n0, c_blocks, W_BUFS, BLOCK_K)
+            _load_tap_weight(w_desc, w_bufs, w_bars, s, C_IN, n0, W_BUFS, BLOCK_K)
 
     mma_layout: gl.constexpr = _mma_layout(BLOCK_M, BLOCK_N, num_warps, dtype.primitive_bitwidth)
     acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma_layout)
@@ -185,7 +185,7 @@ def _conv3x3_halo_kernel(
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
             refill = step - 1 + W_BUFS
             if step > 0 and refill < steps:
-                _load_tap_weight(w_desc, w_bufs, w_bars, refill, C_IN, n0, c_blocks, W_BUFS, BLOCK_K)
+                _load_tap_weight(w_desc, w_bufs, w_bars, refill, C_IN, n0, W_BUFS, BLOCK_K)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         if block + 1 < c_blocks:  # the halo is free once the block's last wgmma has retired
             _load_halo(x_top, x_bottom, halo_rows, halo_bar, image, oh0 - 1, ow0 - 1, (block + 1) * BLOCK_K, BH)
