@@ -214,7 +214,7 @@ def test_gpu_every_measured_config_matches_float64(tile: HaloTile, dtype: torch.
 @pytest.mark.gpu
 @pytest.mark.parametrize(("dtype", "precision"), [PRECISIONS[0], PRECISIONS[2]], ids=["fp16", "tf32"])
 def test_gpu_conv2d_act_routes_to_the_halo_kernel_into_a_channel_slice(dtype: torch.dtype, precision: str) -> None:
-    """A routed call (YOLOv8n's 64->64 @80 at batch 21: 1050 tiles, just over HALO_MIN_TILES) through conv2d_act
+    """A routed call (YOLOv8n's 64->64 @80 at batch 21: 1050 tiles, over HALO_MIN_TILES) through conv2d_act
     with a residual, writing a channel slice of a wider channels_last buffer as a concatenation would; the slice's
     neighbours stay untouched."""
     torch.manual_seed(7)
