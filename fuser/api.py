@@ -356,7 +356,9 @@ def _kernel_for(chain: Chain, gm: fx.GraphModule, backend: str) -> str:
     args = bind(chain.head, builds.args, builds.defaults)
     weight = constant_tensor(gm, args["weight"])
     groups = int(args["groups"])
-    stride = args["stride"] if isinstance(args["stride"], (tuple, list)) else (args["stride"],) * 2
+    stride, dilation = (
+        tuple(v) if isinstance(v, (tuple, list)) else (v,) * 2 for v in (args["stride"], args["dilation"])
+    )
     return kernel_dispatch.kernel_name(
         "conv",
         compiled=backend in ("auto", "triton", "measured"),
@@ -364,6 +366,7 @@ def _kernel_for(chain: Chain, gm: fx.GraphModule, backend: str) -> str:
         out_channels=weight.shape[0],
         groups=groups,
         kernel_size=tuple(weight.shape[2:]),
-        stride=tuple(stride),
+        stride=stride,
         padding=args["padding"],
+        dilation=dilation,
     )

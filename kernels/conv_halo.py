@@ -291,14 +291,21 @@ def halo_route(
 
 
 def halo_possible(
-    in_channels: int, out_channels: int, groups: int, kernel_size: Sequence[int], stride: Sequence[int], padding: Any
+    in_channels: int,
+    out_channels: int,
+    groups: int,
+    kernel_size: Sequence[int],
+    stride: Sequence[int],
+    padding4: Sequence[int],
+    dilation: Sequence[int],
 ) -> bool:
     """Whether some call of this conv could take the halo route on this machine (for the report, which knows the
     layer but not the call's batch, image size or dtype): a CUDA GPU, a Triton that compiles the kernel, and a
-    3x3 ungrouped conv at stride 1 with padding 1 whose channels :func:`halo_tile` accepts in fp16 or float32."""
-    if tuple(kernel_size) != (3, 3) or tuple(stride) != (1, 1) or groups != 1 or out_channels > 128:
+    3x3 ungrouped conv at stride 1, dilation 1, padding ``(top, bottom, left, right)`` of 1 on every side (what
+    :func:`halo_route` takes), whose channels :func:`halo_tile` accepts in fp16 or float32."""
+    if tuple(kernel_size) != (3, 3) or tuple(stride) != (1, 1) or tuple(dilation) != (1, 1) or groups != 1:
         return False
-    if padding not in (1, (1, 1), [1, 1], (1, 1, 1, 1), [1, 1, 1, 1]):
+    if tuple(padding4) != (1, 1, 1, 1) or out_channels > 128:
         return False
     if not any(halo_tile(HALO_MIN_TILES, in_channels, out_channels, 8, 16, size) for size in (2, 4)):
         return False

@@ -15,7 +15,7 @@ import torch
 from fuser.kernels.epilogue import Epilogue
 from fuser.kernels.precision import Precision
 from fuser.lower.backends import KERNEL_DTYPES
-from fuser.lower.conv_geometry import ConvGeometry
+from fuser.lower.conv_geometry import ConvGeometry, conv_padding
 
 
 def kernel_name(
@@ -27,6 +27,7 @@ def kernel_name(
     kernel_size: Sequence[int] = (1, 1),
     stride: Sequence[int] = (1, 1),
     padding: int | str | Sequence[int] = 0,
+    dilation: Sequence[int] = (1, 1),
     compiled: bool = True,
 ) -> str:
     """Which kernel a fused op runs on the Triton backends (for the report): the kernels' own decision
@@ -41,7 +42,8 @@ def kernel_name(
     kernel = conv_kernel(in_channels, out_channels, groups, kernel_size, stride, padding)
     if kernel is None:
         return f"torch reference (grouped conv, groups={groups})"
-    if compiled and halo_possible(in_channels, out_channels, groups, kernel_size, stride, padding):
+    padding4 = conv_padding(padding, kernel_size, dilation)  # "same" and pairs as the fused module holds them
+    if compiled and halo_possible(in_channels, out_channels, groups, kernel_size, stride, padding4, dilation):
         return f"{kernel.value}, or the halo conv on large grids"  # conv_halo.halo_tile decides per call
     return kernel.value
 

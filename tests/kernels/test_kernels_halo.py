@@ -247,4 +247,8 @@ def test_the_report_names_the_halo_route_only_where_a_call_could_take_it(monkeyp
     assert "halo" not in kernel_name("conv", **{**conv, "in_channels": 80})  # a block part empty
     assert "halo" not in kernel_name("conv", **{**conv, "out_channels": 192})
     assert "halo" not in kernel_name("conv", **{**conv, "padding": 0})
+    for same in ("same", (1, 1), (1, 1, 1, 1)):  # every form of the fused module's (1, 1, 1, 1)
+        assert "halo" in kernel_name("conv", **{**conv, "padding": same}), same
+    assert "halo" not in kernel_name("conv", **{**conv, "dilation": (2, 2)})  # the route takes dilation 1 only
+    assert "halo" not in kernel_name("conv", **{**conv, "padding": "same", "dilation": (2, 2)})
     assert "halo" not in kernel_name("conv", **conv, compiled=False)  # the interpreter backend
