@@ -24,8 +24,13 @@ module holds what the new forward reads, so the optimized model carries no dead 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
+import importlib
 import inspect
+import keyword
 import operator
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -204,6 +209,17 @@ class SourceTracer(fx.Tracer):
             root_fn = _named_parameters_only(root_fn, code.co_varnames[: code.co_argcount])
         return super().create_args_for_root(root_fn, is_module, concrete_args)
 
+    def create_arg(self, a: Any) -> Any:
+        # torch.fx stores a dict of traced values as a plain dict: a model returning transformers' ModelOutput
+        # (a dataclass that is a dict) or an OrderedDict would lose its type, and outputs.last_hidden_state
+        # would fail on the optimized model. Such a value is built again by build_mapping.
+        name = _importable_name(type(a)) if isinstance(a, dict) and type(a) is not dict else None
+        rebuilt = name is not None and (type(a) is OrderedDict or dataclasses.is_dataclass(a))
+        if rebuilt and all(isinstance(k, str) and k.isidentifier() and not keyword.iskeyword(k) for k in a):
+            fields = {k: self.create_arg(v) for k, v in a.items()}
+            return self.create_node("call_function", build_mapping, (name,), fields)
+        return super().create_arg(a)
+
     def proxy(self, node: fx.Node) -> fx.Proxy:
         length = split_count(node)
         if length is not None:
@@ -215,6 +231,39 @@ class SourceTracer(fx.Tracer):
         node = super().create_node(*args, **kwargs)
         node.meta["source_module"] = self._scope[-1]
         return node
+
+
+def _importable_name(cls: type) -> str | None:
+    """``module.qualname`` of ``cls`` where importing it gives ``cls`` back, else None."""
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    return name if "<locals>" not in name and _import_name(name) is cls else None
+
+
+@functools.cache
+def _import_name(name: str) -> Any:
+    """What the dotted ``name`` (a module, then attributes) refers to, or None (cached: build_mapping asks at
+    every call of the graph)."""
+    value: Any = None
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):  # the longest importable prefix, then attributes
+        try:
+            value = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attribute in parts[i:]:
+            value = getattr(value, attribute, None)
+        return value
+    return None
+
+
+def build_mapping(type_name: str, **fields: Any) -> Any:
+    """``cls(**fields)`` for the dict class named ``type_name`` (see SourceTracer.create_arg). Called with
+    traced values (a GraphModule's unpickling traces its code again) it records itself, as torch.fx.wrap does."""
+    proxies: list[fx.Proxy] = []
+    fx.node.map_aggregate(fields, lambda v: proxies.append(v) if isinstance(v, fx.Proxy) else None)
+    if proxies:
+        return proxies[0].tracer.create_proxy("call_function", build_mapping, (type_name,), fields)
+    return _import_name(type_name)(**fields)
 
 
 class ReplacedForward(TypeError):
@@ -458,7 +507,7 @@ def propagate_shapes(model: nn.Module, capture: Capture, example_inputs: tuple[A
     """
     pending = list(capture.graphs)
     while pending:
-        broken, called = _record_shapes(model, pending, example_inputs)
+        broken, called, unbindable = _record_shapes(model, pending, example_inputs)
         for g in [g for g in pending if id(g) in broken]:
             capture.graphs.remove(g)
             reason = (
@@ -467,15 +516,24 @@ def propagate_shapes(model: nn.Module, capture: Capture, example_inputs: tuple[A
             )
             capture.untraced.append(UntracedModule(g.path or "(model)", type(g.module).__name__, reason, broken[id(g)]))
         uncalled = [g for g in pending if g.path and id(g) not in called and id(g) not in broken]
+        # A forward taking **kwargs is traced with its named parameters only; a parent that passes it more
+        # (transformers' layers get position_ids) could not call the graph
+        unbindable_graphs = [g for g in pending if g.path and id(g) in unbindable and id(g) not in broken]
         pending = []
-        for g in uncalled:
+        for g in uncalled + unbindable_graphs:
             if not any(c is g for c in capture.graphs):
-                continue  # captured under another uncalled module, which was just replaced by its children
+                continue  # captured under another module replaced by its children just now
             capture.graphs = [c for c in capture.graphs if c is not g]
-            reason = (
-                "its forward does not run when the model runs (its parent uses its submodules directly); "
-                "its submodules were traced and optimized one by one instead"
-            )
+            if id(g) in unbindable:
+                reason = (
+                    f"it is called with keyword arguments ({unbindable[id(g)]}) that its traced forward does not "
+                    "take; its submodules were traced and optimized one by one instead"
+                )
+            else:
+                reason = (
+                    "its forward does not run when the model runs (its parent uses its submodules directly); "
+                    "its submodules were traced and optimized one by one instead"
+                )
             # what was captured under it (its leaves) is captured again with the children
             inside = f"{g.path}."
             capture.graphs = [c for c in capture.graphs if not c.path.startswith(inside)]
@@ -488,9 +546,10 @@ def propagate_shapes(model: nn.Module, capture: Capture, example_inputs: tuple[A
 
 def _record_shapes(
     model: nn.Module, graphs: list[CapturedGraph], example_inputs: tuple[Any, ...]
-) -> tuple[dict[int, str], set[int]]:
+) -> tuple[dict[int, str], set[int], dict[int, str]]:
     """One example forward recording the shapes of ``graphs``; returns the graphs that failed (by id, with
-    the error) and those whose module was called."""
+    the error), those whose module was called, and those whose module was called with keyword arguments
+    that the graph's forward does not take (by id, with their names)."""
     saved = save_attributes(model)  # a forward may cache what it computes
     # A training-mode forward moves BN running statistics (and dropout draws random numbers): this run
     # must leave the model's state exactly as it found it.
@@ -498,12 +557,18 @@ def _record_shapes(
     rng_devices = sorted({t.device.index or 0 for t in example_inputs if isinstance(t, torch.Tensor) and t.is_cuda})
     broken: dict[int, str] = {}
     called: set[int] = set()
+    unbindable: dict[int, str] = {}
     for g in graphs:
         if g.path == "":
             continue
 
         def forward(*args: Any, g: CapturedGraph = g, eager: Any = g.module.forward, **kwargs: Any) -> Any:
             called.add(id(g))
+            if kwargs and id(g) not in unbindable:
+                taken = inspect.signature(g.gm.forward).parameters
+                extra = [k for k in kwargs if k not in taken]
+                if extra:
+                    unbindable[id(g)] = ", ".join(extra)
             if g.example_inputs is None and not kwargs and id(g) not in broken:
                 try:
                     result = _ShapeRecorder(g.gm).run(*args)
@@ -536,7 +601,7 @@ def _record_shapes(
         with torch.no_grad():
             for buffer, value in buffers:
                 buffer.copy_(value)
-    return broken, called
+    return broken, called, unbindable
 
 
 class _ShapeRecorder(fx.Interpreter):

@@ -5,11 +5,17 @@ The routed model copies the structure of ultralytics' DetectionModel: a forward 
 ultralytics' C2f does, a neck that upsamples and concatenates across blocks, and a head that branches on a
 shape (untraceable in its own code). Everything but the head must be one graph, so that the rewrites that
 span blocks (the neck's virtual concatenation, cat buffers) see it.
+
+Also: a module its parent calls with keyword arguments that its traced graph does not take (transformers'
+layers get ``position_ids``) is captured through its children, and a traced model returning a dict class
+(transformers' ModelOutput, an OrderedDict) returns that class, also after save and load.
 """
 
 from __future__ import annotations
 
 import copy
+import io
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -390,3 +396,63 @@ def test_a_non_persistent_buffer_stays_out_of_the_state_dict():
         assert_close(opt(x), reference64(model, x), "ieee")
     assert not [k for k in opt.state_dict() if k.endswith("table")], sorted(opt.state_dict())
     assert any(name.endswith("table") for name, _ in opt.named_buffers())  # still there, and read
+
+
+class KeywordsThrough(nn.Module):
+    """A block whose forward takes ``**kwargs`` and is called with one it does not name (transformers' layers
+    receive ``position_ids`` so): its traced graph could not be called so."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = ConvBnAct(nn.SiLU(), 3, 6)
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0, **kwargs: object) -> torch.Tensor:
+        return self.block(x) * scale
+
+
+class PassesKeywords(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = KeywordsThrough()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.mean() > 100:  # untraceable here, so that the layer is captured on its own
+            x = x / 2
+        return self.layer(x, scale=0.5, position_ids=None)
+
+
+def test_a_module_called_with_keywords_its_graph_lacks_is_captured_through_its_children():
+    model = seeded(PassesKeywords())
+    x = torch.randn(3, 3, 21, 19)
+    opt = fuser.optimize(model, (x,), backend="torch")
+    report = opt.fusion_report
+    (entry,) = [u for u in report.untraced if u.path == "layer"]
+    assert "keyword arguments (position_ids)" in entry.reason
+    assert [e.location for e in report.fused] == ["layer.block.{conv,bn,act}"]
+    with torch.no_grad():
+        assert_close(opt(x), reference64(model, x), "ieee")
+
+
+class ReturnsOrderedDict(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = ConvBnAct(nn.SiLU(), 3, 6)
+
+    def forward(self, x: torch.Tensor) -> OrderedDict[str, torch.Tensor]:
+        y = self.block(x)
+        return OrderedDict(features=y, pooled=y.mean((2, 3)))
+
+
+def test_a_dict_subclass_output_keeps_its_type_through_save_and_load():
+    model = seeded(ReturnsOrderedDict())
+    x = torch.randn(3, 3, 21, 19)
+    opt = fuser.optimize(model, (x,), backend="torch")
+    assert opt.fusion_report.fused
+    buffer = io.BytesIO()
+    torch.save(opt, buffer)
+    buffer.seek(0)
+    for module in (opt, torch.load(buffer, weights_only=False)):
+        with torch.no_grad():
+            out = module(x)
+        assert type(out) is OrderedDict and list(out) == ["features", "pooled"]
+        assert_close(out["pooled"], reference64(model, x)["pooled"], "ieee")
