@@ -20,6 +20,7 @@ import torch.fx as fx
 from torch import nn
 
 from fuser.canonicalize import canonicalize
+from fuser.capture.specialize import ShapeGuard, cpu_copy, prefer_specialized
 from fuser.capture.tracing import Capture, CapturedGraph, UntracedModule, capture, install, propagate_shapes
 from fuser.graph_ops import bind, constant_tensor
 from fuser.kernels import autotune, precompile
@@ -273,10 +274,12 @@ def _describe_inputs(inputs: tuple[Any, ...]) -> str:
     )
 
 
-def _capture(working: nn.Module) -> Capture:
+def _capture(working: nn.Module, inputs: tuple[Any, ...] | None = None, keep: frozenset[int] = frozenset()) -> Capture:
+    """The model's graphs: an fx.GraphModule (an imported ONNX model) as it is; else traced, and traced again
+    for the example inputs' sizes where that leaves fewer modules untraced (fuser.capture.specialize)."""
     if isinstance(working, fx.GraphModule):
         return Capture(root=working, graphs=[CapturedGraph("", working, working)])
-    return capture(working)
+    return prefer_specialized(capture(working), working, inputs, keep)
 
 
 def strict() -> bool:
@@ -292,7 +295,9 @@ def _run_pipeline(
     working: nn.Module, inputs: tuple[Any, ...] | None, policy: Precision, backend: str
 ) -> tuple[nn.Module, FusionReport]:
     heads = find_detect_heads(working)  # before capture, which moves the heads' parameters into graphs
-    captured = _capture(working)
+    captured = _capture(working, inputs, frozenset(id(h.module) for h in heads.heads))
+    # a graph specialized to the example's sizes runs only those: other calls run the model as it is now
+    original = cpu_copy(working) if captured.specialization is not None else None
     if inputs is not None:
         try:
             propagate_shapes(working, captured, inputs)
@@ -340,6 +345,10 @@ def _run_pipeline(
     report.rewrites += heads.rewrites()
     report.skipped += heads.skipped()
     install_detect_heads(heads, root, backend)
+    if captured.specialization is not None and root is not working:
+        assert original is not None
+        root = ShapeGuard(root, original, captured.specialization, type(working).__name__)
+        report.specialized = captured.specialization.describe()
     return root, report
 
 

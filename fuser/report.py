@@ -163,6 +163,8 @@ class FusionReport:
     backend: str = "auto"
     # canonicalization rules that fired, summed over the traced graphs: {rule name: count} (fuser.canonicalize)
     rules_fired: dict[str, int] = field(default_factory=dict)
+    # the input shapes the model's graph was specialized to ("(*, 3, 67, 61)"), or "" (fuser.capture.specialize)
+    specialized: str = ""
 
     def add_rules_fired(self, fired: dict[str, int]) -> None:
         for name, count in fired.items():
@@ -196,6 +198,7 @@ class FusionReport:
             "rejected": [entry(e) for e in self.rejected],
             "untraced": [asdict(u) for u in self.untraced],
             "rules_fired": dict(self.rules_fired),
+            "specialized": self.specialized,
             "rewrites": [asdict(r) for r in self.rewrites],
             "skipped": [asdict(s) for s in self.skipped],
         }
@@ -206,6 +209,11 @@ class FusionReport:
             f"fuser: {len(self.fused)} chains fused ({counts or 'none'}), {len(self.rejected)} not fused; "
             f"precision {self.precision}, backend {self.backend}"
         ]
+        if self.specialized:
+            lines.append(
+                f"Traced for inputs of shape {self.specialized}: the model's forward reads its input sizes; inputs of "
+                "other shapes run the original model, unoptimized (with a warning)."
+            )
         if self.fused:
             rows = [
                 [str(i), e.pattern, " -> ".join(e.ops), e.location, e.epilogue.describe(e.has_bias), e.kernel or ""]

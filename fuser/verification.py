@@ -414,10 +414,12 @@ def _reference_values(
     from fuser.api import _capture
     from fuser.canonicalize import canonicalize
     from fuser.capture.tracing import propagate_shapes
+    from fuser.rewrite.detect_head import find_detect_heads
 
     notes: list[str] = []
     store: dict[str, dict[str, list[torch.Tensor]]] = {}
-    captured = _capture(model64)
+    heads = frozenset(id(h.module) for h in find_detect_heads(model64).heads)
+    captured = _capture(model64, None if kwargs64 else inputs64, heads)  # as optimize() captured it
     if kwargs64:
         notes.append("keyword inputs: the layers are not compared")
         captured.graphs = []

@@ -181,7 +181,8 @@ class AddmmTanh(nn.Module):
 
 
 class Untraceable(nn.Module):
-    """A model whose forward branches on a shape (torch.fx cannot trace it) around traceable blocks."""
+    """A model whose forward branches on its input's values (torch.fx cannot trace it, with or without the
+    example's sizes) and keeps the shape it saw, around traceable blocks."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -190,8 +191,9 @@ class Untraceable(nn.Module):
         self.seen_shape = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.seen_shape != x.shape:  # data-dependent Python control flow
-            self.seen_shape = x.shape
+        if x.isnan().any():  # data-dependent Python control flow
+            raise ValueError("a NaN in the input")
+        self.seen_shape = x.shape
         x = self.stem(x)
         for block in self.blocks:
             x = block(x)

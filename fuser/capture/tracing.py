@@ -31,9 +31,9 @@ import inspect
 import keyword
 import operator
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx as fx
@@ -41,6 +41,9 @@ from torch import nn
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from fuser.graph_ops import unused_name
+
+if TYPE_CHECKING:
+    from fuser.capture.specialize import Specialization
 
 
 @dataclass(frozen=True)
@@ -91,9 +94,13 @@ class CapturedGraph:
 
 @dataclass
 class Capture:
+    """The traced graphs of a model and what could not be traced; ``specialization`` set where the root's
+    graph holds the example inputs' sizes (fuser.capture.specialize)."""
+
     root: nn.Module
     graphs: list[CapturedGraph] = field(default_factory=list)
     untraced: list[UntracedModule] = field(default_factory=list)
+    specialization: Specialization | None = None
 
 
 def _positive(n: Any) -> int | None:
@@ -140,16 +147,18 @@ def split_count(node: fx.Node) -> int | None:
 _VARARGS = inspect.CO_VARARGS | inspect.CO_VARKEYWORDS
 
 
-def _named_parameters_only(fn: Any, names: tuple[str, ...]) -> Any:
-    """A function of exactly the parameters ``names`` (with ``fn``'s defaults) that calls ``fn`` with them:
-    torch.fx reads a root's placeholders from its code object, so it must be a real function."""
+def _named_parameters_only(fn: Any, names: tuple[str, ...], keep_defaults: bool = True) -> Any:
+    """A function of exactly the parameters ``names`` (with ``fn``'s defaults, where ``keep_defaults``) that
+    calls ``fn`` with them: torch.fx reads a root's placeholders from its code object, so it must be a real
+    function."""
     if not all(name.isidentifier() for name in names):
         return fn
     namespace: dict[str, Any] = {"_forward": fn}
     params = ", ".join(names)
     exec(f"def forward({params}):\n    return _forward({params})\n", namespace)
     forward = namespace["forward"]
-    forward.__defaults__ = getattr(inspect.unwrap(fn), "__defaults__", None)
+    if keep_defaults:
+        forward.__defaults__ = getattr(inspect.unwrap(fn), "__defaults__", None)
     return forward
 
 
@@ -425,14 +434,20 @@ def _merge_trace_constants(gm: fx.GraphModule) -> None:
 MAX_LEAVES = 16  # submodules made leaves before the module counts as untraceable (each costs a new trace)
 
 
-def trace_around_failures(module: nn.Module, path: str = "") -> tuple[fx.GraphModule, list[tuple[str, nn.Module]]]:
-    """:func:`trace` of ``module``, making each submodule whose forward fails to trace a leaf and tracing
-    again; returns the graph and the leaves made, by qualified name under ``module``. Raises the error of
+def trace_around_failures(
+    module: nn.Module,
+    path: str = "",
+    make_tracer: Callable[[str, frozenset[int]], SourceTracer] = SourceTracer,
+    keep: frozenset[int] = frozenset(),
+) -> tuple[fx.GraphModule, list[tuple[str, nn.Module]]]:
+    """:func:`trace` of ``module`` by the tracers ``make_tracer(path, leaves)`` makes, making each submodule
+    whose forward fails to trace a leaf and tracing again; the submodules whose ids are in ``keep`` are leaves
+    from the start. Returns the graph and the leaves, by qualified name under ``module``. Raises the error of
     the last attempt where ``module``'s own code fails (or after :data:`MAX_LEAVES` leaves)."""
     names = {id(m): name for name, m in module.named_modules() if name}
-    leaves: list[nn.Module] = []
+    leaves: list[nn.Module] = [m for m in module.modules() if id(m) in keep and id(m) in names]
     while True:
-        tracer = SourceTracer(path, frozenset(id(m) for m in leaves))
+        tracer = make_tracer(path, frozenset(id(m) for m in leaves))
         try:
             return _trace(tracer, module), [(names[id(m)], m) for m in leaves]
         except Exception:

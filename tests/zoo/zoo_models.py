@@ -177,6 +177,11 @@ ZOO: list[ZooModel] = [
     ZooModel("timm resnet18", "timm", "classification", _timm("resnet18"), (2, 3, 45, 39)),
     ZooModel("timm efficientnet_b0", "timm", "classification", _timm("efficientnet_b0"), (1, 3, 45, 39)),
     ZooModel("timm mobilenetv3_small_100", "timm", "classification", _timm("mobilenetv3_small_100"), (2, 3, 45, 39)),
+    # TensorFlow's "same" padding computed from the input's size in the forward (Conv2dSame): traced for the
+    # example's sizes (fuser.capture.specialize)
+    ZooModel(
+        "timm tf_mobilenetv3_small_100", "timm", "classification", _timm("tf_mobilenetv3_small_100"), (2, 3, 45, 39)
+    ),
     ZooModel("timm cspdarknet53", "timm", "classification", _timm("cspdarknet53"), (1, 3, 64, 64)),
     ZooModel("timm repvgg_a0", "timm", "classification", _timm("repvgg_a0"), (1, 3, 45, 39)),
     ZooModel("timm mobileone_s0", "timm", "classification", _timm("mobileone_s0"), (1, 3, 45, 39)),
@@ -259,6 +264,13 @@ ZOO: list[ZooModel] = [
         "audio",
         _hf("Wav2Vec2Model", "Wav2Vec2Config", **_WAV2VEC2, **_BERT),
         (1, 801),
+    ),
+    ZooModel(
+        "mobilenet_v2 (transformers)",  # tf_padding: "same" padding computed from the input's size, as timm's
+        "transformers",
+        "classification",
+        _hf("MobileNetV2Model", "MobileNetV2Config", depth_multiplier=0.35, image_size=48),
+        (2, 3, 45, 39),
     ),
     ZooModel(
         "convnext (transformers)",
