@@ -41,6 +41,7 @@ from fuser.rewrite.max_pool import fuse_max_pools
 from fuser.rewrite.pool_pyramid import fuse_pool_pyramids
 from fuser.rewrite.tf32_rounding import compensate_truncated_inputs, mark_tf32_rounded_outputs
 from fuser.rewrite.virtual_cat import fuse_virtual_cats
+from fuser.rewrite.zero_pad import fold_zero_pads
 from fuser.runtime.cuda_graphs import GraphReplay
 from fuser.runtime.torch_precision import torch_precision
 
@@ -319,7 +320,10 @@ def _run_pipeline(
             entries += [ChainReport.from_chain(r.chain, False, reason=r.reason) for r in result.rejected]
             rewritten = rewrite_chains(graph.gm, result.accepted, policy, backend) or bool(rewrites)
             if rewritten:
-                # TF32 rounding first: it must see the multiplies and concatenations the passes below fold
+                # pads into the convs' padding first: a conv that reads its producer directly lets that
+                # producer store TF32-rounded values
+                rewrites += fold_zero_pads(graph.gm)
+                # TF32 rounding then: it must see the multiplies and concatenations the passes below fold
                 # into the convs' operand loads (a folded product is truncated, not stored rounded).
                 mark_tf32_rounded_outputs(graph.gm)
                 compensate_truncated_inputs(graph.gm)

@@ -232,3 +232,23 @@ def test_gemm_chain(act: str, form: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("form", ["matmul_add", "gemm_transB1"])
 def test_gemm_act_residual_after(form: str, tmp_path: Path) -> None:
     optimize_and_check(gemm_chain("gelu_erf", form, "after"), tmp_path, "gemm_epilogue", "gelu", True)
+
+
+def test_same_upper_conv_runs_as_one_fused_conv(tmp_path: Path) -> None:
+    """auto_pad SAME_UPPER at stride 2 pads one more pixel at the end: the importer writes a Pad, which the
+    fused conv takes as its own padding (fuser.rewrite.zero_pad)."""
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((7, 5, 3, 3)) / np.sqrt(45)).astype(np.float32)
+    bn = [const("s", rng.uniform(0.5, 1.5, 7)), const("t", rng.standard_normal(7) * 0.2),
+          const("m", rng.standard_normal(7) * 0.2), const("v", rng.uniform(0.25, 1.75, 7))]  # fmt: skip
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], auto_pad="SAME_UPPER", strides=[2, 2]),
+        helper.make_node("BatchNormalization", ["c", "s", "t", "m", "v"], ["z"]),
+        helper.make_node("Relu", ["z"], ["y"]),
+    ]
+    model = make_model(nodes, [info("x", ["N", 5, 13, 10])], [info("y", None)], [const("w", w), *bn], opset=17)
+    optimize_and_check(model, tmp_path, "conv_bn_act", "relu", False)  # like onnxruntime, and exported
+    onnx.save(model, tmp_path / "same.onnx")
+    opt = fuser.optimize(tmp_path / "same.onnx", precision="ieee", backend="torch")
+    assert [r.kind for r in opt.fusion_report.rewrites if r.kind == "zero_pad"] == ["zero_pad"]
+    assert [n.op for n in opt.module.graph.nodes if n.op.startswith("call")] == ["call_module"], opt.module.code
