@@ -341,9 +341,12 @@ class _Fused:
 def _graph_modules(optimized: nn.Module) -> dict[str, tuple[str, fx.GraphModule]]:
     """Each traced graph of the optimized model by its path in the user's model: (prefix in optimized, gm)."""
     from fuser.api import OptimizedModule
+    from fuser.capture.specialize import ShapeGuard
 
     root = optimized.module if isinstance(optimized, OptimizedModule) else optimized
     prefix = "module." if isinstance(optimized, OptimizedModule) else ""
+    if isinstance(root, ShapeGuard):  # a graph traced for the example's sizes (fuser.capture.specialize)
+        root, prefix = root.graph, f"{prefix}graph."
     found: dict[str, tuple[str, fx.GraphModule]] = {}
     if isinstance(root, fx.GraphModule):
         found[""] = (prefix, root)

@@ -243,3 +243,11 @@ def test_size_reads_are_numbers_and_the_batch_stays_traced():
         assert torch.equal(gm(x), SizeReads()(x)), batch
     with pytest.raises(RuntimeError, match="'len' is not supported"):  # an int of the batch: not traceable
         _trace(make_shape_tracer((torch.randn(2, 3),))("", frozenset()), BatchLength())
+
+
+def test_verify_compares_the_layers_of_a_specialized_graph():
+    model, x = _model(), torch.randn(*X)
+    opt = fuser.optimize(model, (x,), backend="torch")
+    result = fuser.verify(model, opt, (x,))
+    assert result.ok and not result.notes, str(result)
+    assert len(result.layers) == 4, str(result)
