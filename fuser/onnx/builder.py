@@ -132,6 +132,8 @@ class GraphBuilder:
         self._buffers: dict[int, tuple[torch.Tensor, fx.Node]] = {}
         self._sizes: dict[tuple[fx.Node, int], fx.Node] = {}
         self._static_shapes: dict[fx.Node, list[int | None]] = {}
+        self._dtypes: dict[fx.Node, torch.dtype] = {}
+        self._meta: dict[fx.Node, tuple[list[int | None], torch.dtype] | None] = {}
         self._known_dims: dict[fx.Node, tuple[Item | None, ...]] = {}
         self._attr_names: set[str] = set()
         self._constant_names: dict[int, tuple[torch.Tensor, str]] = {}
@@ -229,10 +231,72 @@ class GraphBuilder:
         return self._create(kind, target, gargs, gkwargs)
 
     def note_static_shape(self, node: fx.Node, onnx_name: str) -> None:
-        """Remember the dims shape inference found for the ONNX value ``node`` computes (see :meth:`size`)."""
-        dims = self.static_shape_of(onnx_name)
-        if dims is not None and node not in self._static_shapes:
+        """Remember the dims shape inference found for the ONNX value ``node`` computes (see :meth:`size`);
+        where it left some unknown, those that the graph built so far fixes (:meth:`_propagated`)."""
+        if node in self._static_shapes:
+            return
+        dims, dtype = self.static_shape_of(onnx_name), self.dtype_of(onnx_name)
+        if dtype is not None:
+            self._dtypes[node] = dtype
+        if dims is None or None in dims[1:]:
+            propagated = self._propagated(node)
+            if propagated is not None and (dims is None or len(dims) == len(propagated[0])):
+                dims = [d if d is not None else p for d, p in zip(dims or propagated[0], propagated[0], strict=True)]
+        if dims is not None:
             self._static_shapes[node] = dims
+
+    def _known(self, node: fx.Node) -> tuple[list[int | None], torch.dtype] | None:
+        """``node``'s dims (all known past the batch) and dtype, or None."""
+        dims, dtype = self._static_shapes.get(node), self._dtypes.get(node)
+        if dims is not None and dtype is not None and None not in dims[1:]:
+            return dims, dtype
+        propagated = self._propagated(node)
+        return propagated if propagated is not None and None not in propagated[0][1:] else None
+
+    def _propagated(self, node: fx.Node) -> tuple[list[int | None], torch.dtype] | None:
+        """The dims (dim 0 unknown: the batch) and dtype of the tensor ``node`` computes, found by running its
+        op on meta tensors of its inputs' known dims at two batch sizes: a dim that comes out the same at both
+        is fixed by the model. ONNX shape inference cannot follow what it cannot evaluate (the pads that
+        TorchScript's export of a "same" padding computes with Ceil on float sizes), while the graph here holds
+        such values folded already. None where an input's dims past the batch are not all known, or the op
+        fails on meta tensors."""
+        if node in self._meta:
+            return self._meta[node]
+        self._meta[node] = None  # while it is worked out, and where it cannot be
+        if node.op not in ("call_function", "call_method"):
+            return None
+        a, b = (self._meta_run(node, batch) for batch in (7, 11))
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == b.dim() and a.dim():
+            dims = [None] + [int(x) if x == y else None for x, y in zip(a.shape[1:], b.shape[1:], strict=True)]
+            self._meta[node] = (dims, a.dtype)
+        return self._meta[node]
+
+    def _meta_run(self, node: fx.Node, batch: int) -> Any:
+        """``node``'s op on meta tensors of its inputs, whose batch is ``batch``; None where it cannot run."""
+        missing = []
+
+        def meta(arg: Any) -> Any:
+            if not isinstance(arg, fx.Node):
+                return arg
+            if arg.op == "get_attr":
+                return getattr(self.root, str(arg.target)).to("meta")
+            known = self._known(arg)
+            if known is None or not known[0]:
+                missing.append(arg)
+                return None
+            dims, dtype = known
+            return torch.empty([batch, *dims[1:]], dtype=dtype, device="meta")
+
+        args, kwargs = fx.node.map_aggregate(node.args, meta), fx.node.map_aggregate(node.kwargs, meta)
+        if missing:
+            return None
+        try:
+            with torch.no_grad():
+                if node.op == "call_method":
+                    return getattr(args[0], str(node.target))(*args[1:], **kwargs)
+                return node.target(*args, **kwargs)
+        except Exception:  # an op without a meta kernel, a size read back: not known
+            return None
 
     def note_dims(self, node: fx.Node, dims: tuple[Item, ...]) -> None:
         """Record that ``node`` has exactly ``dims`` (a reshape's target): :meth:`size` answers from them
@@ -240,8 +304,9 @@ class GraphBuilder:
         self._known_dims[node] = tuple(d if self.is_nonnegative(d) else None for d in dims)
 
     def size(self, x: fx.Node, dim: int) -> Item:
-        """``x.size(dim)``: the number when shape inference knows it and ``dim`` is not 0, else a run-time
-        ``x.size(dim)`` node, once per (x, dim), known to be non-negative.
+        """``x.size(dim)``: the number when shape inference (or :meth:`note_static_shape`'s propagation) knows
+        it and ``dim`` is not 0, else a run-time ``x.size(dim)`` node, once per (x, dim), known to be
+        non-negative.
 
         A dim the model fixes (``[N, 3, 640, 640]`` makes every feature map's height a number) is the
         same at every valid input, so shape arithmetic over it folds at import time and leaves nothing to

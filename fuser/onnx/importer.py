@@ -16,7 +16,9 @@ The steps, in order, each failing with an error that names the file and the prob
 The batch dimension stays dynamic: it is read at run time (``x.size(0)``), never taken from the shapes
 seen at import time. Dims the file fixes (``[N, 3, 640, 640]`` fixes every feature map's height and width)
 are numbers, so shape arithmetic over them folds at import time; dims it leaves symbolic are read at run
-time. The caller's ModelProto is not modified.
+time. Where ONNX's shape inference stops (it does not evaluate float arithmetic on sizes, as TorchScript's
+export of a "same" padding writes), the builder works the dims out itself from the graph built so far, by
+running each op on meta tensors (GraphBuilder.note_static_shape). The caller's ModelProto is not modified.
 """
 
 from __future__ import annotations

@@ -631,3 +631,47 @@ def test_a_reshape_target_answers_later_size_reads() -> None:
     module = check_import(model, "Expand of a reshape")
     assert operator.abs not in call_targets(module)
     assert input_size_reads(module) == [0, 2]
+
+
+# -- sizes the importer works out itself ----------------------------------------------------------------
+
+
+class SamePaddedConv(torch.nn.Module):
+    """timm's Conv2dSame: TensorFlow's "same" padding from the input's size. Under torch.onnx's TorchScript
+    exporter the sizes are tensors, so the file computes the pads with Div, Ceil and Clip on floats, which ONNX
+    shape inference does not evaluate: past the first such conv it knows no spatial size."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(c_in, c_out, 3, stride, padding=0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pads = []
+        for size in x.size()[-2:]:
+            s = self.conv.stride[0]
+            if isinstance(size, torch.Tensor):
+                pads.append(torch.clamp(((size / s).ceil() - 1) * s + 3 - size, min=0).to(torch.int64))
+            else:
+                pads.append(max((-(-size // s) - 1) * s + 3 - size, 0))
+        pad_h, pad_w = pads
+        x = torch.nn.functional.pad(x, (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2))
+        return torch.relu(self.conv(x))
+
+
+def test_sizes_past_pads_onnx_inference_cannot_follow_are_worked_out(tmp_path: Path) -> None:
+    model = torch.nn.Sequential(SamePaddedConv(3, 5, 2), SamePaddedConv(5, 7, 2), SamePaddedConv(7, 4, 1)).eval()
+    x = torch.randn(2, 3, 21, 19)
+    path = tmp_path / "same.onnx"
+    torch.onnx.export(model, (x,), str(path), input_names=["x"], dynamic_axes={"x": {0: "N"}}, opset_version=17,
+                      dynamo=False, do_constant_folding=False)  # fmt: skip
+    inferred = onnx.shape_inference.infer_shapes(onnx.load(path), data_prop=True)
+    known = {v.name: v.type.tensor_type.shape for v in inferred.graph.value_info}
+    convs = [n.output[0] for n in inferred.graph.node if n.op_type == "Conv"]
+    assert not known[convs[1]].dim[2].HasField("dim_value")  # what ONNX's own inference leaves unknown
+    module = import_onnx(path)
+    assert torch.nn.functional.pad in call_targets(module)  # the pads: constants, in the graph as such
+    for batch in (2, 5):
+        feeds = {"x": np.random.default_rng(batch).standard_normal((batch, 3, 21, 19)).astype(np.float32)}
+        assert_outputs_match(run_module(module, feeds), run_ort(onnx.load(path), feeds), f"batch {batch}")
+    pads = [n for n in module.graph.nodes if n.target is torch.nn.functional.pad]
+    assert all(isinstance(p, int) for n in pads for p in n.args[1]), [n.args for n in pads]

@@ -47,14 +47,7 @@ EXPORTERS = ["torchscript", "dynamo"]
 MODELS = [z for z in ZOO if not z.integer_input and not (z.source == "torchvision" and z.task == "detection")]
 
 # (model, exporter, check) -> the bug that makes it fail today. strict: when a fix lands, the test says so.
-KNOWN_FAILURES: dict[tuple[str, str, str], str] = {
-    ("timm tf_mobilenetv3_small_100", "torchscript", check): (
-        "the TorchScript exporter writes Conv2dSame's padding as arithmetic on float sizes (Div, Ceil, Clip); ONNX "
-        "shape inference stops at the first padded conv, so the later pads are run-time tensors, which the "
-        "importer's Pad refuses (it would need its own shape propagation past the pads it folds)"
-    )
-    for check in CHECKS
-}
+KNOWN_FAILURES: dict[tuple[str, str, str], str] = {}
 # (model, exporter) -> why torch.onnx cannot write that file, and the error it raises: every check of the pair
 # is expected to fail with that error, before fuser sees the file (strict: a fixed exporter makes them pass).
 EXPORT_FAILURES: dict[tuple[str, str], tuple[str, type[Exception]]] = {
