@@ -366,13 +366,16 @@ def capture_specialized(model: nn.Module, example_inputs: tuple[Any, ...], keep:
 
 
 def prefer_specialized(generic: Capture, model: nn.Module, example_inputs: Any, keep: frozenset[int]) -> Capture:
-    """``generic`` (the symbolic capture), unless a shape-specialized one leaves fewer modules untraced and
-    leaves the batch free. Only where tracing failed somewhere is a graph worth tying to the example's sizes,
-    and only the batch may vary for it: an image model runs one image size, while a text model whose graph
-    held the sequence length too (BERT's attention mask) would run most calls on the unoptimized fallback."""
+    """``generic`` (the symbolic capture), unless the inputs are images and a shape-specialized capture leaves
+    fewer modules untraced and the batch free. Only where tracing failed somewhere is a graph worth tying to
+    the example's sizes, and only for inputs whose sizes past the batch are fixed where the model is deployed:
+    an image model runs one image size (floating-point inputs of four or more dimensions), while a text or
+    audio model's sequence length changes from call to call, and its calls would mostly run unoptimized."""
     kept = {name or "(model)" for name, m in model.named_modules() if id(m) in keep}
     if example_inputs is None or all(u.path in kept for u in generic.untraced):
         return generic  # traced whole, or only the kept leaves (ultralytics' heads) were not
+    if not all(isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 4 for t in example_inputs):
+        return generic
     specialized = capture_specialized(model, tuple(example_inputs), keep)
     if specialized is None or specialized.specialization is None or not specialized.specialization.batch_free:
         return generic

@@ -251,3 +251,29 @@ def test_verify_compares_the_layers_of_a_specialized_graph():
     result = fuser.verify(model, opt, (x,))
     assert result.ok and not result.notes, str(result)
     assert len(result.layers) == 4, str(result)
+
+
+class SequenceModel(nn.Module):
+    """Token ids in, a size read of the sequence length (as text models build position ids): its length
+    changes from call to call, so it is not worth a graph tied to the example's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 12)
+        self.fc = nn.Linear(12, 7)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(int(ids.shape[1])) * 0.01
+        return F.gelu(self.fc(self.embed(ids) + positions[None, :, None]))
+
+
+def test_a_sequence_model_keeps_the_symbolic_capture():
+    model = seeded(SequenceModel())
+    ids = torch.randint(0, 50, (2, 11))
+    opt = fuser.optimize(model, (ids,), backend="torch")
+    assert opt.fusion_report.specialized == ""
+    assert [u.path for u in opt.fusion_report.untraced] == ["(model)"]  # as before: its int() is not traced
+    other = torch.randint(0, 50, (3, 5))
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("error")
+        assert_close(opt(other), reference64(model, other), "ieee", "another length")
