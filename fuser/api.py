@@ -12,6 +12,7 @@ import contextlib
 import copy
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,10 +91,31 @@ class OptimizedModule(nn.Module):
     def _apply(self, fn: Any, recurse: bool = True) -> nn.Module:
         if self.replay is not None:
             self.replay.clear()  # a recorded graph replays the addresses of the tensors it was recorded with
-        return super()._apply(fn, recurse)
+        return super()._apply(_once_per_tensor(fn), recurse)
 
     def extra_repr(self) -> str:
         return f"fused={len(self.fusion_report.fused)}, precision={self.precision.value}, backend={self.backend}"
+
+
+def _once_per_tensor(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``fn`` (what ``.to()``, ``.cuda()``, ``.half()`` apply to each tensor) called once per piece of memory: a
+    folded weight that several fused modules hold (a block applied at several places; each module's buffer is
+    its own view of it) stays one tensor after the move, where nn.Module would copy it once per module."""
+    done: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}  # the tensor kept: its memory stays
+
+    def once(t: torch.Tensor) -> torch.Tensor:
+        try:
+            storage = t.untyped_storage().data_ptr() if t.layout == torch.strided and not t.is_meta else None
+        except (RuntimeError, NotImplementedError):  # a tensor subclass without plain storage
+            storage = None
+        if storage is None:
+            return fn(t)
+        key = (type(t), storage, t.storage_offset(), t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
+        if key not in done:
+            done[key] = (t, fn(t))
+        return done[key][1]
+
+    return once
 
 
 def _on_device_of(args: tuple[Any, ...]) -> contextlib.AbstractContextManager:

@@ -707,3 +707,10 @@ def test_a_block_applied_at_several_places_folds_once():
     fused = [m for m in opt.modules() if type(m).__name__ == "FusedConv2d"]
     assert len(fused) == 3 and len({m.weight.data_ptr() for m in fused}) == 1
     assert len({m.bias.data_ptr() for m in fused}) == 1
+    opt.double()  # a move or a cast keeps them shared (nn.Module alone would copy a shared buffer per module)
+    assert {m.weight.dtype for m in fused} == {torch.float64}
+    assert len({m.weight.data_ptr() for m in fused}) == 1 and len({m.bias.data_ptr() for m in fused}) == 1
+    with torch.no_grad():
+        outputs = opt(*(x.double() for x in levels))
+    for out, ref in zip(outputs, reference64(model, *levels), strict=True):
+        assert_close(out, ref, "ieee", "after .double()")
