@@ -299,7 +299,8 @@ def _describe_inputs(inputs: tuple[Any, ...]) -> str:
 
 def _capture(working: nn.Module, inputs: tuple[Any, ...] | None = None, keep: frozenset[int] = frozenset()) -> Capture:
     """The model's graphs: an fx.GraphModule (an imported ONNX model) as it is; else traced, and traced again
-    for the example inputs' sizes where that leaves fewer modules untraced (fuser.capture.specialize)."""
+    for the example inputs' sizes where :func:`~fuser.capture.specialize.prefer_specialized` says so (an image
+    model that does not trace whole)."""
     if isinstance(working, fx.GraphModule):
         return Capture(root=working, graphs=[CapturedGraph("", working, working)])
     return prefer_specialized(capture(working), working, inputs, keep)

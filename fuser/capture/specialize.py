@@ -10,10 +10,12 @@ and the graph holds the result as a constant. Values computed from the data stay
 still fails, as it must. The forward is traced as called with the example inputs alone: its later parameters
 take their defaults as constants (``return_dict=None``), as such a call does.
 
-Such a graph computes the model only for inputs of the traced sizes: :class:`ShapeGuard` runs it for those and
-the model's own forward (a copy kept for that) for any other, with a warning that names both shapes. The batch
-is left free where tracing at the example batch and at one more gives the same graph: "same" padding reads the
-image's height and width, not the batch.
+The batch is a symbol in that trace, so a size of the batch stays a traced ``x.size(0)`` and ``int()`` of it
+fails; a second trace one batch larger checks that the graph holds no batch all the same (a fake op may fix
+it). Such a graph computes the model only for inputs of the traced sizes past the batch: :class:`ShapeGuard`
+runs it for those and a CPU copy of the model as it was for any other, with a warning that names both shapes.
+It is used only for image models (floating-point inputs of four or more dimensions), whose size is fixed where
+they are deployed, and only where it leaves fewer modules untraced (:func:`prefer_specialized`).
 """
 
 from __future__ import annotations
@@ -30,9 +32,13 @@ import torch
 import torch.fx as fx
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx._symbolic_trace import _maybe_revert_all_patches
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext, is_concrete_int
 from torch.fx.node import map_aggregate
+
+try:  # private to torch.fx (since torch 2.1): lets a fake run inside a trace call the real nn.Module methods
+    from torch.fx._symbolic_trace import _maybe_revert_all_patches
+except ImportError:  # a torch without it keeps the symbolic capture (capture_specialized gives None)
+    _maybe_revert_all_patches = None
 
 from fuser.capture.tracing import (
     Capture,
@@ -349,7 +355,9 @@ def capture_specialized(model: nn.Module, example_inputs: tuple[Any, ...], keep:
     as :func:`~fuser.capture.tracing.capture` would), with the submodules whose ids are in ``keep`` left leaves
     (the detect heads, which fuser rewrites in place); None where the inputs are not all tensors or the root
     still fails to trace."""
-    if not example_inputs or not all(isinstance(t, torch.Tensor) for t in example_inputs):
+    if _maybe_revert_all_patches is None or not example_inputs:
+        return None
+    if not all(isinstance(t, torch.Tensor) for t in example_inputs):
         return None
     try:
         gm, leaves = trace_around_failures(model, "", make_shape_tracer(example_inputs), keep)
