@@ -51,6 +51,7 @@ from fuser.capture.tracing import (
     _worth_tracing,
     trace_around_failures,
 )
+from fuser.graph_ops import fetch_attr
 
 EXAMPLE_VALUE = "fuser_example_value"  # node.meta key: the fake value a node computes on the example inputs
 SIZE_READ = "fuser_size_read"  # node.meta key: a size of the batch read by a ShapeProxy
@@ -174,7 +175,7 @@ def make_shape_tracer(examples: Sequence[torch.Tensor]) -> Callable[..., fx.Trac
                 return fakes[index] if index < len(fakes) else _UNKNOWN
             if kind == "get_attr":
                 with _maybe_revert_all_patches():  # the patched nn.Module.__getattr__ would trace this read
-                    value = _attribute(self.root, target)
+                    value = fetch_attr(self.root, target)
                 return mode.from_tensor(value) if isinstance(value, torch.Tensor) else value
             if kind not in ("call_function", "call_method", "call_module"):
                 return _UNKNOWN
@@ -215,13 +216,6 @@ def _batch_symbolic(t: torch.Tensor) -> StatelessSymbolicContext:
 
 def _is_torch_layer(module: nn.Module) -> bool:
     return type(module).__module__.startswith("torch.nn.")
-
-
-def _attribute(root: nn.Module, target: str) -> Any:
-    value: Any = root
-    for name in target.split("."):
-        value = getattr(value, name)
-    return value
 
 
 @dataclass(frozen=True)

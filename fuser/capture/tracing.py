@@ -26,10 +26,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import importlib
 import inspect
 import keyword
 import operator
+import pkgutil
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -252,17 +252,10 @@ def _importable_name(cls: type) -> str | None:
 def _import_name(name: str) -> Any:
     """What the dotted ``name`` (a module, then attributes) refers to, or None (cached: build_mapping asks at
     every call of the graph)."""
-    value: Any = None
-    parts = name.split(".")
-    for i in range(len(parts), 0, -1):  # the longest importable prefix, then attributes
-        try:
-            value = importlib.import_module(".".join(parts[:i]))
-        except ImportError:
-            continue
-        for attribute in parts[i:]:
-            value = getattr(value, attribute, None)
-        return value
-    return None
+    try:
+        return pkgutil.resolve_name(name)
+    except (ImportError, AttributeError, ValueError):
+        return None
 
 
 def build_mapping(type_name: str, **fields: Any) -> Any:
