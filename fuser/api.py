@@ -395,14 +395,4 @@ def _kernel_for(chain: Chain, gm: fx.GraphModule, backend: str) -> str:
     stride, dilation = (
         tuple(v) if isinstance(v, (tuple, list)) else (v,) * 2 for v in (args["stride"], args["dilation"])
     )
-    return kernel_dispatch.kernel_name(
-        "conv",
-        compiled=backend in ("auto", "triton", "measured"),
-        in_channels=weight.shape[1] * groups,
-        out_channels=weight.shape[0],
-        groups=groups,
-        kernel_size=tuple(weight.shape[2:]),
-        stride=stride,
-        padding=args["padding"],
-        dilation=dilation,
-    )
+    return kernel_dispatch.conv_kernel_name(weight.shape, groups, stride, args["padding"], dilation, backend)

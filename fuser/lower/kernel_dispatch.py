@@ -48,6 +48,30 @@ def kernel_name(
     return kernel.value
 
 
+def conv_kernel_name(
+    weight_shape: Sequence[int],
+    groups: int,
+    stride: Sequence[int],
+    padding: int | str | Sequence[int],
+    dilation: Sequence[int],
+    backend: str,
+) -> str:
+    """:func:`kernel_name` of a fused conv whose weight is ``[C_out, C_in / groups, kh, kw]``, on ``backend``: the
+    halo route is named only where the backend runs compiled kernels (the interpreter never takes it)."""
+    c_out, c_in_group, kh, kw = weight_shape
+    return kernel_name(
+        "conv",
+        compiled=backend in ("auto", "triton", "measured"),
+        in_channels=c_in_group * groups,
+        out_channels=c_out,
+        groups=groups,
+        kernel_size=(kh, kw),
+        stride=stride,
+        padding=padding,
+        dilation=dilation,
+    )
+
+
 def pack_conv(
     weight: torch.Tensor, groups: int, precision: Precision, input_gain: torch.Tensor | None = None
 ) -> torch.Tensor | None:

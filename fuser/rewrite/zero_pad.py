@@ -76,19 +76,8 @@ def _kernel_name(conv: FusedConv2d) -> str | None:
         from fuser.lower import kernel_dispatch
     except ImportError:
         return None
-    if conv.backend == "torch":
-        return None
-    c_out, c_in_group, kh, kw = conv.weight.shape
-    return kernel_dispatch.kernel_name(
-        "conv",
-        compiled=conv.backend in ("auto", "triton", "measured"),
-        in_channels=c_in_group * conv.groups,
-        out_channels=c_out,
-        groups=conv.groups,
-        kernel_size=(kh, kw),
-        stride=conv.stride,
-        padding=conv.padding,
-        dilation=conv.dilation,
+    return kernel_dispatch.conv_kernel_name(
+        conv.weight.shape, conv.groups, conv.stride, conv.padding, conv.dilation, conv.backend
     )
 
 
