@@ -171,6 +171,26 @@ def test_the_users_model_is_untouched():
     assert {name: set(m.__dict__) for name, m in model.named_modules()} == {n: set(a) for n, a in attributes.items()}
 
 
+@pytest.mark.gpu
+def test_on_the_gpu_the_specialized_graph_is_replayed_and_other_sizes_run_the_original():
+    model = _model().cuda()
+    opt = fuser.optimize(model, (torch.randn(*X, device="cuda"),), backend="triton")  # tf32, CUDA graphs on
+    assert isinstance(opt.module, ShapeGuard)
+    with torch.no_grad():
+        for batch in (3, 5):
+            x = torch.randn(batch, *X[1:], device="cuda")
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                assert_close(opt(x), reference64(model, x), "tf32", f"batch {batch}")
+        assert len(opt.replay._recorded) == 2 and opt.module._placed == {}
+        other = torch.randn(2, 3, 17, 23, device="cuda")
+        with pytest.warns(RuntimeWarning, match=r"optimized for inputs of shape \(\*, 3, 21, 19\)"):
+            out = opt(other)  # the warm-up runs place the original on the GPU, outside the recording
+        assert_close(out, reference64(model, other), "tf32", "17 x 23 on the original")
+        assert_close(opt(other), out, "ieee", "its replay")
+        assert list(opt.module._placed) == [(torch.device("cuda", 0), torch.float32)]
+
+
 class BranchOnValues(nn.Module):
     """Branches on its input's values: no example sizes make that traceable."""
 

@@ -59,6 +59,24 @@ def test_zero_pad_before_a_fused_conv_is_its_padding(case: str, backend: str):
         assert_close(opt(x), reference64(model, x), "ieee", case)
 
 
+# the compiled kernels read the folded, often asymmetric padding as their own: on the GPU they take other paths
+# than the interpreter (TMA boxes, the depthwise kernel's tiles), so the cases run there too, and one with
+# channels and an image wide enough for the tensor-core tiles
+GPU_CASES = {**FOLDED, "same-s2-wide": lambda: PadConvBnAct(([0, 1, 1, 0],), c_in=48, c_out=72)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["ieee", "tf32"])
+@pytest.mark.parametrize("case", list(GPU_CASES))
+def test_zero_pad_folded_into_the_compiled_kernels(case: str, precision: str):
+    model = seeded(GPU_CASES[case]()).cuda()
+    x = torch.randn(3, model.conv.in_channels, 45, 37, device="cuda")
+    opt = fuser.optimize(model, (x,), backend="triton", precision=precision, cuda_graphs=False)
+    assert [r.kind for r in opt.fusion_report.rewrites if r.kind == "zero_pad"] == ["zero_pad"]
+    with torch.no_grad():
+        assert_close(opt(x), reference64(model, x), precision, f"{case} {precision}")
+
+
 KEPT = {
     "reflect": lambda: PadConvBnAct(([1, 1, 1, 1], "reflect")),
     "value-1": lambda: PadConvBnAct(([1, 1, 1, 1], "constant", 1.0)),
