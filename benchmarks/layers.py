@@ -141,22 +141,29 @@ def host_us(fn, calls: int = 200) -> float:
 
 
 def compiled_kernels(fn) -> list:
-    """Triton's compiled kernels that one call of ``fn`` launches (every compiled launch of fuser's kernels goes
-    through ``LaunchOptions.launch``, which returns Triton's compiled kernel)."""
+    """Triton's compiled kernels that one call of ``fn`` launches: fuser's Triton kernels go through
+    ``LaunchOptions.launch`` (whose direct launches skip the JIT), the Gluon halo conv through the JIT's ``run``;
+    both return Triton's compiled kernel."""
+    from triton.runtime.jit import JITFunction
+
     from fuser.kernels.launch import LaunchOptions
 
-    seen, real = [], LaunchOptions.launch
+    seen, real_launch, real_run = {}, LaunchOptions.launch, JITFunction.run
 
-    def recording(self, *args, **kwargs):
-        seen.append(real(self, *args, **kwargs))
-        return seen[-1]
+    def recording(real):
+        def record(self, *args, **kwargs):
+            compiled = real(self, *args, **kwargs)
+            seen[id(compiled)] = compiled
+            return compiled
 
-    LaunchOptions.launch = recording
+        return record
+
+    LaunchOptions.launch, JITFunction.run = recording(real_launch), recording(real_run)
     try:
         fn()
     finally:
-        LaunchOptions.launch = real
-    return [k for k in seen if k is not None]
+        LaunchOptions.launch, JITFunction.run = real_launch, real_run
+    return [k for k in seen.values() if k is not None]
 
 
 def mma_kind(fn) -> str:

@@ -26,6 +26,7 @@ from fuser.kernels import Activation, Epilogue, Residual, conv2d_act, pack_conv_
 from fuser.kernels.conv_halo import (
     HaloTile,
     _conv3x3_halo_kernel,
+    channel_blocks,
     conv3x3_halo,
     halo_refusal,
     halo_route,
@@ -36,35 +37,42 @@ from fuser.kernels.conv_halo import (
 SILU = Epilogue(Activation.SILU)
 PAD1 = (1, 1, 1, 1)
 CASES = [
-    ConvCase("c40_to_24_odd", 2, 40, 24, (11, 19), 3, padding=PAD1),
+    ConvCase("c72_to_24_odd_tail", 2, 72, 24, (11, 19), 3, padding=PAD1),
     ConvCase("c80_to_80_head", 1, 80, 80, (21, 23), 3, padding=PAD1),
     ConvCase("c64_to_136_two_column_tiles", 1, 64, 136, (9, 35), 3, padding=PAD1),
 ]
 PRECISIONS = [(torch.float16, "fp16"), (torch.bfloat16, "bf16"), (torch.float32, "tf32")]
 
 
-def compile_halo_sm90(dtype: str, tile: HaloTile, c_out: int, residual: int = 0):
+def compile_halo_sm90(dtype: str, tile: HaloTile, c_in: int, c_out: int, residual: int = 0):
     """The kernel compiled for an H100/H200-class target as :func:`prepare_halo` would specialize it:
     descriptors with its block shapes and layouts, the sizes as int32 arguments."""
     bh, bw = tile.box
     bits = {"fp16": 16, "bf16": 16, "fp32": 32}[dtype]
-    block_k, block_n = 1024 // bits, tile.block_n or min(128, triton.next_power_of_2(c_out))
-    swizzled = lambda rank: gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=bits, rank=rank)
+    block_k, tail = channel_blocks(c_in, bits // 8)
+    narrow = tail or block_k
+    block_n = tile.block_n or min(128, triton.next_power_of_2(c_out))
+    swizzled = lambda k, rank: gl.NVMMASharedLayout(swizzle_byte_width=k * bits // 8, element_bitwidth=bits, rank=rank)
     plain = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=bits, rank=4)
 
     def desc(shape: list[int], layout: object) -> str:
         return f"tensordesc<{dtype}[{', '.join(map(str, shape))}],{layout!r}>"
 
     signature = {
-        "x_top": desc([1, bh, bw, block_k], swizzled(4)), "x_bottom": desc([1, 2, bw, block_k], swizzled(4)),
-        "w_desc": desc([block_n, block_k], swizzled(2)), "out_desc": desc([1, bh, bw, block_n], plain),
-        "res_desc": desc([1, bh, bw, block_n], plain), "bias_ptr": "*fp32", "C_IN": "i32", "C_OUT": "i32",
-        "tiles_h": "i32", "tiles_w": "i32", "alpha": "fp32", "scale": "fp32",
+        "x_top": desc([1, bh, bw, block_k], swizzled(block_k, 4)),
+        "x_bottom": desc([1, 2, bw, block_k], swizzled(block_k, 4)),
+        "x_top_tail": desc([1, bh, bw, narrow], swizzled(narrow, 4)),
+        "x_bottom_tail": desc([1, 2, bw, narrow], swizzled(narrow, 4)),
+        "w_desc": desc([block_n, block_k], swizzled(block_k, 2)),
+        "w_tail": desc([block_n, narrow], swizzled(narrow, 2)),
+        "out_desc": desc([1, bh, bw, block_n], plain), "res_desc": desc([1, bh, bw, block_n], plain),
+        "bias_ptr": "*fp32", "C_IN": "i32", "C_OUT": "i32", "tiles_h": "i32", "tiles_w": "i32", "alpha": "fp32",
+        "scale": "fp32",
     }  # fmt: skip
     constexprs = {"HAS_BIAS": True, "ACT": int(Activation.SILU), "RESIDUAL": residual, "HAS_SCALE": False,
                   "ROUND_TF32": False, "BH": bh, "BW": bw, "BLOCK_N": block_n, "BLOCK_K": block_k,
-                  "HALO_ROWS": triton.next_power_of_2(3 * (bh + 2)), "W_BUFS": tile.weight_buffers,
-                  "num_warps": tile.num_warps}  # fmt: skip
+                  "BLOCK_K_TAIL": narrow, "HAS_TAIL": tail > 0, "HALO_ROWS": triton.next_power_of_2(3 * (bh + 2)),
+                  "W_BUFS": tile.weight_buffers, "num_warps": tile.num_warps}  # fmt: skip
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     source = GluonASTSource(_conv3x3_halo_kernel, signature, constexprs=constexprs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": tile.num_warps})
@@ -83,12 +91,14 @@ def halo_call(
 
 
 def test_refusals_name_the_problem() -> None:
-    x = torch.randn(1, 16, 5, 5).half().contiguous(memory_format=torch.channels_last)
-    w3 = pack_conv_weight(torch.randn(8, 16, 3, 3).half(), "fp16")
-    assert "(1, 1) filter" in halo_refusal(x, pack_conv_weight(torch.randn(8, 16, 1, 1).half(), "fp16"))
-    assert "a multiple of 16 bytes" in halo_refusal(x, pack_conv_weight(torch.randn(12, 16, 3, 3).half(), "fp16"))
+    x = torch.randn(1, 64, 5, 5).half().contiguous(memory_format=torch.channels_last)
+    w3 = pack_conv_weight(torch.randn(8, 64, 3, 3).half(), "fp16")
+    assert "(1, 1) filter" in halo_refusal(x, pack_conv_weight(torch.randn(8, 64, 1, 1).half(), "fp16"))
+    assert "a multiple of 16 bytes" in halo_refusal(x, pack_conv_weight(torch.randn(12, 64, 3, 3).half(), "fp16"))
+    narrow = torch.randn(1, 48, 5, 5).half().contiguous(memory_format=torch.channels_last)
+    assert "at least 128 bytes" in halo_refusal(narrow, pack_conv_weight(torch.randn(8, 48, 3, 3).half(), "fp16"))
     assert "torch.float32 input to torch.float16 weights" in halo_refusal(x.float(), w3)
-    assert "tf32x3 precision" in halo_refusal(x.float(), pack_conv_weight(torch.randn(8, 16, 3, 3), "tf32x3"))
+    assert "tf32x3 precision" in halo_refusal(x.float(), pack_conv_weight(torch.randn(8, 64, 3, 3), "tf32x3"))
     assert "dense channels_last" in halo_refusal(x.contiguous(), w3)
     residual = torch.randn(1, 8, 5, 5).half()
     assert "a residual with strides" in halo_refusal(x, w3, residual)
@@ -103,12 +113,13 @@ def test_refusals_name_the_problem() -> None:
     ("shape", "expected"),
     [((32, 64, 64, 80, 80, 2), HaloTile((8, 16), None, 4, 8)), ((32, 64, 80, 80, 80, 4), HaloTile((8, 16), None, 2, 4)),
      ((32, 64, 64, 56, 56, 2), HaloTile((8, 16), None, 4, 8)), ((32, 32, 32, 80, 80, 4), HaloTile((8, 16), None, 4, 8)),
-     ((32, 80, 80, 80, 80, 2), None), ((32, 32, 32, 80, 80, 2), None), ((32, 128, 64, 80, 80, 4), None),
+     ((32, 80, 80, 80, 80, 2), HaloTile((8, 16), None, 2, 4)), ((32, 80, 80, 80, 80, 4), HaloTile((8, 16), None, 2, 4)),
+     ((32, 48, 64, 80, 80, 2), None), ((32, 32, 32, 80, 80, 2), None), ((32, 200, 64, 80, 80, 4), None),
      ((32, 64, 64, 40, 40, 2), None), ((1, 64, 64, 80, 80, 2), None), ((28, 64, 64, 56, 56, 2), None),
      ((32, 64, 192, 80, 80, 2), None)],
-    ids=["yolo64-fp16", "head64to80-tf32", "resnet56-overhang-8-columns", "c32-tf32-one-block", "head80-part-block",
-         "c32-fp16-half-block", "three-tf32-blocks", "boxes-overhang-more", "batch1-short-grid", "resnet56-short-grid",
-         "wide-cout"],
+    ids=["yolo64-fp16", "head64to80-tf32", "resnet56-overhang-8-columns", "c32-tf32-one-block", "head80-tail-fp16",
+         "head80-tail-tf32", "no-whole-block", "c32-fp16-half-block", "three-tf32-blocks", "boxes-overhang-more",
+         "batch1-short-grid", "resnet56-short-grid", "wide-cout"],
 )  # fmt: skip
 def test_the_route_takes_only_the_measured_wins(shape: tuple, expected: HaloTile | None) -> None:
     assert halo_tile(*shape) == expected
@@ -151,12 +162,12 @@ def test_every_tap_reads_its_operand_from_shared_memory_on_sm90(tile: HaloTile) 
     """The point of the kernel, in the compiled code of each measured config (fp16, 80 output channels): the
     activation boxes arrive through 4-D TMA copies, no shared-memory load feeds a register operand (each tap's
     wgmma reads both operands from shared memory), and one program fits the H200's 227 KiB."""
-    compiled = compile_halo_sm90("fp16", tile, c_out=80)
+    compiled = compile_halo_sm90("fp16", tile, 80, 80)
     ptx = compiled.asm["ptx"]
     assert re.search(r"cp\.async\.bulk\.tensor\.4d\.shared::cluster\.global", ptx)
     assert "wgmma.mma_async" in ptx and not re.search(r"\bld(matrix\S*)?\.shared", ptx)
     assert compiled.metadata.shared <= 227 * 1024, compiled.metadata.shared
-    with_residual = compile_halo_sm90("fp16", tile, c_out=80, residual=int(Residual.AFTER_ACT)).asm["ptx"]
+    with_residual = compile_halo_sm90("fp16", tile, 64, 80, residual=int(Residual.AFTER_ACT)).asm["ptx"]
     assert re.search(r"\bld(matrix\S*)?\.shared", with_residual)  # the residual box, read from the output buffer
 
 
@@ -170,15 +181,15 @@ def test_the_triton_gate_names_the_version() -> None:
         assert why is None
         return
     assert why is not None and triton.__version__ in why
-    x = torch.randn(1, 16, 5, 5).half().contiguous(memory_format=torch.channels_last)
+    x = torch.randn(1, 64, 5, 5).half().contiguous(memory_format=torch.channels_last)
     with pytest.raises(ValueError, match=re.escape(triton.__version__)):
-        conv3x3_halo(x, pack_conv_weight(torch.randn(8, 16, 3, 3).half(), "fp16"))
+        conv3x3_halo(x, pack_conv_weight(torch.randn(8, 64, 3, 3).half(), "fp16"))
     if not PTXAS.exists():
         pytest.skip(f"triton's bundled ptxas is not at {PTXAS}: the refused compile cannot be shown")
     here = Path(__file__).parent
     script = (
         f"import sys; sys.path[:0] = [{str(here)!r}, {str(here.parent)!r}]; "
-        "from test_kernels_halo import CONFIGS, compile_halo_sm90; compile_halo_sm90('fp16', CONFIGS[0], c_out=80)"
+        "from test_kernels_halo import CONFIGS, compile_halo_sm90; compile_halo_sm90('fp16', CONFIGS[0], 80, 80)"
     )
     child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert child.returncode != 0 and "exceeds the source view" in child.stderr, child.stderr[-2000:]
@@ -229,6 +240,11 @@ def test_gpu_conv2d_act_routes_to_the_halo_kernel_into_a_channel_slice(dtype: to
     ref = conv_reference(x, w, b, case, epilogue, residual)
     assert_close(out.cpu(), ref.cpu(), precision, f"routed {precision}")
     assert bool((buf[:, :16] == 7).all()) and bool((buf[:, 80:] == 7).all())
+    # the plan's later calls launch the compiled kernel directly (LaunchOptions), with new tensors each time
+    x2, residual2 = (t.flip(0).contiguous(memory_format=torch.channels_last) for t in (x, residual))
+    buf2 = torch.empty_like(buf)
+    again = conv2d_act(x2, packed, b.float(), padding=1, epilogue=epilogue, residual=residual2, out=buf2[:, 16:80])
+    assert_close(again.cpu(), conv_reference(x2, w, b, case, epilogue, residual2).cpu(), precision, "direct launch")
 
 
 def test_the_report_names_the_halo_route_only_where_a_call_could_take_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -244,7 +260,7 @@ def test_the_report_names_the_halo_route_only_where_a_call_could_take_it(monkeyp
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert kernel_name("conv", **conv).endswith(", or the halo conv on large grids")
     assert "halo" not in kernel_name("conv", **{**conv, "stride": (2, 2)})
-    assert "halo" not in kernel_name("conv", **{**conv, "in_channels": 80})  # a block part empty
+    assert "halo" not in kernel_name("conv", **{**conv, "in_channels": 24})  # under one block in fp16 and float32
     assert "halo" not in kernel_name("conv", **{**conv, "out_channels": 192})
     assert "halo" not in kernel_name("conv", **{**conv, "padding": 0})
     for same in ("same", (1, 1), (1, 1, 1, 1)):  # every form of the fused module's (1, 1, 1, 1)
