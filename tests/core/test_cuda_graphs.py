@@ -211,10 +211,24 @@ def test_the_cuda_capture_accepts_only_cuda_tensors_of_one_device():
     assert not capture.accepts((torch.randn(2, device="meta"),))
 
 
+class BranchesOnWidth(Untraceable):
+    """Untraceable without example inputs (its forward branches on its input's width) yet recordable as a CUDA
+    graph: Untraceable's NaN check reads a value back from the GPU, which ends a recording."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] < 3:
+            raise ValueError("an image narrower than the stem's filter")
+        x = self.stem(x)
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
 @pytest.mark.gpu
 def test_replayed_graph_matches_and_outputs_are_not_overwritten():
-    model = seeded(Untraceable()).cuda()
+    model = seeded(BranchesOnWidth()).cuda()
     opt = fuser.optimize(model, backend="triton")  # cuda_graphs on by default
+    assert [u.type_name for u in opt.fusion_report.untraced] == ["BranchesOnWidth"]
     plain = fuser.optimize(model, backend="triton", cuda_graphs=False)
     with torch.no_grad():
         x1, x2 = torch.randn(2, 3, 21, 19, device="cuda"), torch.randn(2, 3, 21, 19, device="cuda")
