@@ -292,16 +292,32 @@ class HaloTile:
             raise ValueError(f"HaloTile: box {self.box} must be powers of two with 64 or 128 pixels, at least 8 wide")
 
 
-# The routing rule's evidence (results/halo-conv-2026-12-04b.json, batch 32, against the implicit GEMM in the same
-# run, best halo tile): YOLOv8n's 64->64 @80 fp16 49.7 us against 62.2, tf32 80.1 against 111.4; its head's 64->80
-# @80 fp16 83.4 against 95.9, tf32 141.8 against 207.8; 32->32 @80 tf32 40.1 against 61.7; ResNet-50's 64->64 @56
-# (boxes overhanging the image by 8 of 64 columns, 896 tiles) fp16 28.1 against 34.9, tf32 46.1 against 60.6. It lost
-# or tied where C_in leaves a channel block mostly empty (the head's 80->80; 32->32 in fp16, 16->16) and where the
-# boxes overhang more (the head at 40 and 20). Beyond what was measured (more than two channel blocks, fewer tiles,
-# more overhang) the implicit GEMM keeps the conv.
-HALO_MIN_TILES = 896
+# The routing rule's evidence (results/halo-conv-2026-12-04b.json and -05.json, batch 32, against the implicit GEMM in
+# the same run, best halo tile): YOLOv8n's 64->64 @80 fp16 49.7 us against 62.2, tf32 80.1 against 111.4; its head's
+# 64->80 @80 fp16 83.4 against 95.9, tf32 141.8 against 207.8; 32->32 @80 tf32 40.1 against 61.7; ResNet-50's 64->64
+# @56 (boxes overhanging the image by 8 of 64 columns, 896 tiles) fp16 28.1 against 34.9, tf32 46.1 against 60.6. With
+# the narrower tail block (-05), the head's 80->80 @80 fp16 120.4 against 129.9, tf32 187.4 against 225.3, and @40 (5 x
+# 3 boxes overhanging by 8 of 48 columns, 480 tiles) on the two-buffer tile fp16 35.8 against 41.2, tf32 54.9 against
+# 69.2. It lost or tied where C_in leaves a channel block mostly empty (32->32 in fp16, 16->16) and where the boxes
+# overhang more (the head at 20). Beyond what was measured (more than two channel blocks; fewer tiles or more overhang
+# than each tile's limits below) the implicit GEMM keeps the conv.
 HALO_MAX_BLOCKS = 2  # channel blocks of 128 bytes: 64 float32 channels were two and won
-HALO_MAX_OVERHANG = 1.15  # output pixels the boxes cover over the image's: ResNet's 56x56 in 8 x 16 boxes, 1.14
+
+
+@dataclass(frozen=True)
+class _RouteLimit:
+    """Where one of the routed tiles was measured to win: at least ``min_tiles`` boxes, covering at most
+    ``max_overhang`` times the output's pixels."""
+
+    tile: HaloTile
+    min_tiles: int
+    max_overhang: float
+
+
+# 64 output channels or fewer: four weight buffers on 8 warps, measured down to ResNet's 896 tiles at 1.14 overhang;
+# more: two buffers on 4 warps, which keeps two programs per SM (96 KiB each), measured down to the head's 480 at 1.2
+_NARROW_ROUTE = _RouteLimit(HaloTile((8, 16), None, 4, 8), 896, 1.15)
+_WIDE_ROUTE = _RouteLimit(HaloTile((8, 16), None, 2, 4), 480, 1.2)
 
 
 HALO_ENV = "FUSER_HALO"  # "0": never route to the halo kernel (benchmarks compare against the implicit GEMM)
@@ -351,7 +367,7 @@ def halo_possible(
         return False
     if tuple(padding4) != (1, 1, 1, 1) or out_channels > 128:
         return False
-    if not any(halo_tile(HALO_MIN_TILES, in_channels, out_channels, 8, 16, size) for size in (2, 4)):
+    if not any(halo_tile(_NARROW_ROUTE.min_tiles, in_channels, out_channels, 8, 16, size) for size in (2, 4)):
         return False
     return triton_refusal() is None and torch.cuda.is_available()
 
@@ -360,18 +376,16 @@ def halo_tile(n: int, c_in: int, c_out: int, oh: int, ow: int, element_size: int
     """The tile :func:`prepare_halo` runs a stride-1, padding-1 3x3 conv with where the halo kernel was measured
     faster than the implicit GEMM, else None: one or two whole channel blocks (128 bytes of input channels each;
     what is left in a narrower tail block, :func:`channel_blocks`), at most 128 output channels (one column of
-    tiles), 8 x 16 boxes that cover the output with at most HALO_MAX_OVERHANG, and at least HALO_MIN_TILES of them.
-    64 output channels or fewer: four weight buffers on 8 warps; more: two buffers on 4 warps, which keeps two
-    programs per SM (96 KiB each)."""
+    tiles), and 8 x 16 boxes within the tile's limits (:data:`_NARROW_ROUTE` up to 64 output channels, else
+    :data:`_WIDE_ROUTE`): enough of them, covering the output with little overhang."""
     block_k = SWIZZLE_BYTES // element_size
     if c_in < block_k or c_in // block_k > HALO_MAX_BLOCKS or c_out > 128:
         return None
+    route = _NARROW_ROUTE if c_out <= 64 else _WIDE_ROUTE
     rows, cols = -(-oh // 8), -(-ow // 16)
-    if n * rows * cols < HALO_MIN_TILES or rows * 8 * cols * 16 > HALO_MAX_OVERHANG * oh * ow:
+    if n * rows * cols < route.min_tiles or rows * 8 * cols * 16 > route.max_overhang * oh * ow:
         return None
-    if c_out <= 64:
-        return HaloTile((8, 16), None, 4, 8)
-    return HaloTile((8, 16), None, 2, 4)
+    return route.tile
 
 
 def halo_refusal(

@@ -116,10 +116,13 @@ def test_refusals_name_the_problem() -> None:
      ((32, 80, 80, 80, 80, 2), HaloTile((8, 16), None, 2, 4)), ((32, 80, 80, 80, 80, 4), HaloTile((8, 16), None, 2, 4)),
      ((32, 48, 64, 80, 80, 2), None), ((32, 32, 32, 80, 80, 2), None), ((32, 200, 64, 80, 80, 4), None),
      ((32, 64, 64, 40, 40, 2), None), ((1, 64, 64, 80, 80, 2), None), ((28, 64, 64, 56, 56, 2), None),
-     ((32, 64, 192, 80, 80, 2), None)],
+     ((32, 64, 192, 80, 80, 2), None), ((32, 80, 80, 40, 40, 2), HaloTile((8, 16), None, 2, 4)),
+     ((32, 80, 80, 40, 40, 4), HaloTile((8, 16), None, 2, 4)), ((32, 80, 80, 20, 20, 2), None),
+     ((16, 80, 80, 40, 40, 2), None)],
     ids=["yolo64-fp16", "head64to80-tf32", "resnet56-overhang-8-columns", "c32-tf32-one-block", "head80-tail-fp16",
-         "head80-tail-tf32", "no-whole-block", "c32-fp16-half-block", "three-tf32-blocks", "boxes-overhang-more",
-         "batch1-short-grid", "resnet56-short-grid", "wide-cout"],
+         "head80-tail-tf32", "no-whole-block", "c32-fp16-half-block", "three-tf32-blocks", "narrow-cout-short-grid",
+         "batch1-short-grid", "resnet56-short-grid", "wide-cout", "head80-at-40-fp16", "head80-at-40-tf32",
+         "head80-at-20-overhangs", "head80-at-40-short-grid"],
 )  # fmt: skip
 def test_the_route_takes_only_the_measured_wins(shape: tuple, expected: HaloTile | None) -> None:
     assert halo_tile(*shape) == expected
@@ -225,7 +228,7 @@ def test_gpu_every_measured_config_matches_float64(tile: HaloTile, dtype: torch.
 @pytest.mark.gpu
 @pytest.mark.parametrize(("dtype", "precision"), [PRECISIONS[0], PRECISIONS[2]], ids=["fp16", "tf32"])
 def test_gpu_conv2d_act_routes_to_the_halo_kernel_into_a_channel_slice(dtype: torch.dtype, precision: str) -> None:
-    """A routed call (YOLOv8n's 64->64 @80 at batch 21: 1050 tiles, over HALO_MIN_TILES) through conv2d_act
+    """A routed call (YOLOv8n's 64->64 @80 at batch 21: 1050 tiles, over the route's 896) through conv2d_act
     with a residual, writing a channel slice of a wider channels_last buffer as a concatenation would; the slice's
     neighbours stay untouched."""
     torch.manual_seed(7)
