@@ -4,7 +4,8 @@ detect head's 80->80 3x3 at 80, 40 and 20 (below cuDNN folded + act in tf32), pl
 
 kernels/NOTES.md version 23: a tile that reads each channel block's input once as three column-shifted halos (60 KiB
 instead of nine 16 KiB boxes per 128-pixel tile) ran 64->64 @80 at batch 32 fp16 in 49.7 us against the implicit
-GEMM's 62.2 (results/halo-conv-2026-12-04b.json); halo_tile's routing rule is read off these rows. Each
+GEMM's 62.2 (results/halo-conv-2026-12-04b.json); version 24: with a narrower tail channel block the head's 80->80
+@80 ran 1.11-1.16x cuDNN folded + act (-05.json). halo_tile's routing rule is read off these rows. Each
 configuration's output is checked against float64 before it is timed.
 
     python -m benchmarks.halo_conv --out DIR [--batch 32] [--layers NAME,...] [--dtypes fp16,tf32]
