@@ -84,9 +84,27 @@ class CudaCapture:
         """The graph of one call of ``forward`` and that call's outputs (the buffers a replay writes)."""
         with torch.cuda.device(device):
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                outputs = forward()
+            try:
+                with torch.cuda.graph(graph):
+                    outputs = forward()
+            except BaseException:
+                _unmark_random_generator(torch.cuda.current_device())
+                raise
         return _OnDevice(graph, device), outputs
+
+
+def _unmark_random_generator(index: int) -> None:
+    """Put back, unmarked, the default random generator of device ``index`` after a recording that failed.
+
+    torch marks the generator as capturing when a recording begins and unmarks it only when the recording ends
+    cleanly; after a failed one (a host sync in the forward, say) every later random op on that device, the
+    user's ``torch.randn`` included, fails with "Offset increment outside graph capture encountered
+    unexpectedly" (seen on torch 2.11). A clone of the generator's state has the same seed and offset and is
+    not marked. Graphs recorded earlier keep the old state object, which matters only to graphs that draw
+    random numbers, and an inference forward draws none."""
+    generator = torch.cuda.default_generators[index]
+    if hasattr(generator, "clone_state"):  # torch 2.2 and later
+        generator.graphsafe_set_state(generator.clone_state())
 
 
 class _OnDevice:

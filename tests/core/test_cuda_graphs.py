@@ -243,6 +243,23 @@ def test_replayed_graph_matches_and_outputs_are_not_overwritten():
     assert torch.equal(opt(x1).detach(), y1)
 
 
+@pytest.mark.gpu
+def test_a_failed_recording_leaves_the_random_generator_as_it_was():
+    model = seeded(Untraceable()).cuda()  # its NaN check reads a value back from the GPU: no recording
+    opt = fuser.optimize(model, backend="triton")
+    x = torch.randn(2, 3, 21, 19, device="cuda")
+    state = torch.cuda.get_rng_state()
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match="cannot be recorded as a CUDA graph"):
+        out = opt(x)
+    assert opt.replay.failure is not None
+    assert torch.equal(torch.cuda.get_rng_state(), state)  # same seed and offset, and usable:
+    torch.cuda.manual_seed(11)
+    drawn = torch.randn(7, device="cuda")
+    torch.cuda.manual_seed(11)
+    assert torch.equal(torch.randn(7, device="cuda"), drawn)
+    assert_close(out, reference64(model, x), "tf32", "run plainly")
+
+
 def test_hooks_run_on_every_call_while_they_are_registered():
     model = seeded(Untraceable())
     x = torch.randn(1, 3, 21, 19)
