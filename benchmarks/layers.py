@@ -141,29 +141,23 @@ def host_us(fn, calls: int = 200) -> float:
 
 
 def compiled_kernels(fn) -> list:
-    """Triton's compiled kernels that one call of ``fn`` launches: fuser's Triton kernels go through
-    ``LaunchOptions.launch`` (whose direct launches skip the JIT), the Gluon halo conv through the JIT's ``run``;
-    both return Triton's compiled kernel."""
-    from triton.runtime.jit import JITFunction
-
+    """Triton's compiled kernels that one call of ``fn`` launches (every compiled launch of fuser's conv and GEMM
+    kernels, the Gluon halo conv's included, goes through ``LaunchOptions.launch``, which returns Triton's compiled
+    kernel)."""
     from fuser.kernels.launch import LaunchOptions
 
-    seen, real_launch, real_run = {}, LaunchOptions.launch, JITFunction.run
+    seen, real = [], LaunchOptions.launch
 
-    def recording(real):
-        def record(self, *args, **kwargs):
-            compiled = real(self, *args, **kwargs)
-            seen[id(compiled)] = compiled
-            return compiled
+    def recording(self, *args, **kwargs):
+        seen.append(real(self, *args, **kwargs))
+        return seen[-1]
 
-        return record
-
-    LaunchOptions.launch, JITFunction.run = recording(real_launch), recording(real_run)
+    LaunchOptions.launch = recording
     try:
         fn()
     finally:
-        LaunchOptions.launch, JITFunction.run = real_launch, real_run
-    return [k for k in seen.values() if k is not None]
+        LaunchOptions.launch = real
+    return [k for k in seen if k is not None]
 
 
 def mma_kind(fn) -> str:
